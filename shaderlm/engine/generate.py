@@ -1,0 +1,164 @@
+"""Token-level generation over a Transformer's plans: prefill, decode N tokens per submit, logits.
+
+The sampler runs on the GPU and writes each new token into the token buffer, where the next step's
+embedding reads it, so a submit of N decode steps needs no host round trip; only token ids come back.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ContextFullError
+from ..kernels import ops
+
+
+@dataclass
+class Sampling:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int = 0
+
+
+@dataclass
+class Stats:
+    prompt_tokens: int = 0
+    prompt_s: float = 0.0
+    decode_tokens: int = 0
+    decode_s: float = 0.0
+    submits: int = 0
+    stop_reason: str = ""
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def prompt_tps(self):
+        return self.prompt_tokens / self.prompt_s if self.prompt_s else 0.0
+
+    @property
+    def decode_tps(self):
+        return self.decode_tokens / self.decode_s if self.decode_s else 0.0
+
+
+class Generator:
+    def __init__(self, model, tokens_per_submit: int = 8):
+        self.m = model
+        self.dev = model.dev
+        self.k = max(1, tokens_per_submit)
+        self.history: list[int] = []      # tokens whose K/V are in the cache, in order
+        self._sampling = None
+        self.stats = Stats()
+
+    @property
+    def ctx(self):
+        return self.m.ctx
+
+    def reset(self):
+        self.history = []
+
+    def _set_sampling(self, s: Sampling):
+        key = (s.temperature, s.top_k, s.top_p, s.seed)
+        if key != self._sampling:
+            vals = ops.sample_params(self.m.cfg.vocab_size, s.temperature, s.top_k, s.top_p, s.seed)
+            from ..gpu.device import pack_params
+            self.dev.write(self.m.sample_params, pack_params(*vals))
+            self._sampling = key
+
+    def _write_tokens(self, pos: int, ids):
+        self.dev.write(self.m.tokens, np.asarray(ids, np.uint32), offset=4 * pos)
+
+    def _read_tokens(self, pos: int, n: int) -> list[int]:
+        return self.dev.read(self.m.tokens, np.uint32, offset=4 * pos, size=4 * n).tolist()
+
+    def _common_prefix(self, ids) -> int:
+        n = 0
+        for a, b in zip(self.history, ids):
+            if a != b:
+                break
+            n += 1
+        return min(n, len(ids) - 1)      # always run at least one token to get fresh logits
+
+    def _prefill(self, ids, pos0: int, sample: bool):
+        m, B = self.m, self.m.batch
+        self._write_tokens(pos0, ids)
+        for s in range(0, len(ids), B):
+            n = min(B, len(ids) - s)
+            last = s + n == len(ids)
+            if last and sample:
+                m.set_state(pos0 + s, n, n - 1)
+                m.plan_prefill_sample.run(n)
+            else:
+                m.set_state(pos0 + s, n, 0)
+                m.plan_prefill.run(n)
+            self.stats.submits += 1
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits for every position of `ids` (a fresh sequence), shape (len, vocab)."""
+        m, V = self.m, self.m.cfg.vocab_size
+        if len(ids) > self.ctx:
+            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.ctx}")
+        self._write_tokens(0, ids)
+        out = np.empty((len(ids), V), np.float32)
+        R = m.logit_rows
+        for s in range(0, len(ids), R):
+            n = min(R, len(ids) - s)
+            m.set_state(s, n, 0)
+            m.plan_logits.run(n)
+            out[s:s + n] = self.dev.read(m.logits, np.float32, 0, n * V * 4).reshape(n, V)
+        self.history = list(ids)
+        return out
+
+    def generate(self, prompt_ids, max_tokens: int, sampling: Sampling | None = None,
+                 stop_ids=(), keep_history=True):
+        """Yield generated token ids. Reuses the cached prefix shared with the previous call."""
+        sampling = sampling or Sampling()
+        prompt_ids = list(prompt_ids)
+        if not prompt_ids:
+            raise ValueError("empty prompt: give at least one token")
+        if len(prompt_ids) >= self.ctx:
+            raise ContextFullError(f"prompt of {len(prompt_ids)} tokens does not fit the context of "
+                                   f"{self.ctx} tokens (use --ctx to raise it, up to the model's "
+                                   f"{self.m.cfg.context_length})")
+        self.stats = st = Stats(prompt_tokens=len(prompt_ids))
+        self._set_sampling(sampling)
+        reuse = self._common_prefix(prompt_ids) if keep_history else 0
+        seq = prompt_ids[:]                        # prompt + generated; positions < pos are in the cache
+        pos = len(prompt_ids)                      # where the next sampled token sits (not yet fed)
+        t0 = time.perf_counter()
+        try:
+            self._prefill(prompt_ids[reuse:], reuse, sample=True)
+            if max_tokens <= 0:
+                st.stop_reason = "length"
+                return
+            pending = self._read_tokens(pos, 1)
+            st.prompt_s = time.perf_counter() - t0
+            t1 = time.perf_counter()
+            st.decode_tokens = 1
+            stop_ids = set(stop_ids)
+            while True:
+                for tok in pending:
+                    if tok in stop_ids:
+                        st.stop_reason = "eos"
+                        return
+                    seq.append(tok)
+                    yield tok
+                    if len(seq) - len(prompt_ids) >= max_tokens:
+                        st.stop_reason = "length"
+                        return
+                if pos + 1 >= self.ctx:
+                    st.stop_reason = "context"
+                    return
+                # feed the token at `pos` and sample k more on the GPU, in one submit
+                k = min(self.k, max_tokens - (len(seq) - len(prompt_ids)), self.ctx - 1 - pos)
+                self.m.set_state(pos, 1, 0)
+                self.m.plan_decode.run(1, repeat=k)
+                st.submits += 1
+                pending = self._read_tokens(pos + 1, k)
+                st.decode_tokens += k
+                pos += k
+                st.decode_s = time.perf_counter() - t1
+        finally:
+            if st.decode_tokens and "t1" in locals():
+                st.decode_s = time.perf_counter() - t1
+            self.history = seq[:pos]

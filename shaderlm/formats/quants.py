@@ -1,0 +1,81 @@
+"""GGUF tensor types and their GPU layout.
+
+Weights stay in their compact GGUF form on the GPU. The only change is alignment: blocks whose size is
+not a multiple of 4 bytes (Q8_0's 34, Q4_0's 18, Q5_0's 22, Q6_K's 210) have their 2-byte f16 scale
+moved to an array after the blocks, so every block starts on a word and no byte is added:
+    [block 0 minus d][block 1 minus d]...[d0 d1 d2 ...]
+The WGSL decoders in kernels/quant/ read this layout; `w_dbase` is the word where the d array starts.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import UnsupportedError
+
+
+@dataclass(frozen=True)
+class QuantType:
+    name: str
+    block_elems: int          # elements per block (GGUF)
+    block_bytes: int          # bytes per block (GGUF)
+    d_offset: int | None      # byte offset of the f16 scale split off for alignment, or None
+    gpu_elems: int = 0        # elements per GPU "block" (F32/F16/BF16 use 8-element groups)
+
+    @property
+    def kernel(self) -> str:
+        return f"quant/{self.name.lower()}"
+
+    @property
+    def gpu_block_elems(self) -> int:
+        return self.gpu_elems or self.block_elems
+
+    def row_bytes(self, k: int) -> int:
+        return k // self.block_elems * self.block_bytes
+
+
+QUANT_TYPES = {q.name: q for q in [
+    QuantType("F32", 1, 4, None, gpu_elems=8),
+    QuantType("F16", 1, 2, None, gpu_elems=8),
+    QuantType("BF16", 1, 2, None, gpu_elems=8),
+    QuantType("Q8_0", 32, 34, 0),
+    QuantType("Q4_0", 32, 18, 0),
+    QuantType("Q4_1", 32, 20, None),
+    QuantType("Q5_0", 32, 22, 0),
+    QuantType("Q5_1", 32, 24, None),
+    QuantType("Q4_K", 256, 144, None),
+    QuantType("Q5_K", 256, 176, None),
+    QuantType("Q6_K", 256, 210, 208),
+]}
+
+
+def quant_type(name: str, tensor: str = "") -> QuantType:
+    q = QUANT_TYPES.get(name)
+    if q is None:
+        where = f" (tensor {tensor})" if tensor else ""
+        raise UnsupportedError(f"tensor type {name}{where} is not supported; supported: "
+                               + ", ".join(QUANT_TYPES))
+    return q
+
+
+def gpu_layout(q: QuantType, raw: np.ndarray) -> tuple[np.ndarray, int]:
+    """GGUF bytes of whole blocks -> (uint8 bytes for the GPU, word index of the d array or 0)."""
+    raw = np.ascontiguousarray(raw).reshape(-1)
+    if q.d_offset is None:
+        return raw, 0
+    blocks = raw.reshape(-1, q.block_bytes)
+    o = q.d_offset
+    main = np.concatenate([blocks[:, :o], blocks[:, o + 2:]], axis=1) if o else blocks[:, 2:]
+    d = blocks[:, o:o + 2]
+    out = np.concatenate([main.reshape(-1), d.reshape(-1), np.zeros(-d.size % 4, np.uint8)])
+    return out, main.size // 4
+
+
+def row_chunks(n_rows: int, row_bytes: int, max_bytes: int) -> list[tuple[int, int]]:
+    """Split rows into (first_row, n) pieces whose bytes fit one storage binding."""
+    per = max(1, max_bytes // max(row_bytes, 1))
+    if per >= n_rows:
+        return [(0, n_rows)]
+    per = max(1, per // 8 * 8)   # keep pieces a multiple of 8 rows (workgroup row tiles)
+    return [(r, min(per, n_rows - r)) for r in range(0, n_rows, per)]

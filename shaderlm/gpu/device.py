@@ -1,0 +1,195 @@
+"""GPU device: adapter choice, features and limits, buffers, pipelines (WGSL with a tiny preprocessor)."""
+from __future__ import annotations
+
+import os
+import struct
+import tempfile
+
+import numpy as np
+
+os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI complains when unset
+
+from ..errors import DeviceError  # noqa: E402
+from ..kernels import load_wgsl  # noqa: E402
+from .backend import BufferUsage, MapMode, wgpu  # noqa: E402
+
+STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
+UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
+
+OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes",
+                     "timestamp-query-inside-encoders")
+# Limits we raise to what the adapter offers (WebGPU's defaults are far below real hardware).
+WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
+                 "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
+                 "max-compute-workgroup-size-x", "max-compute-workgroups-per-dimension",
+                 "max-uniform-buffer-binding-size", "max-bind-groups")
+
+NO_ADAPTER_HELP = ("no WebGPU adapter found. Install a Vulkan driver: on Debian/Ubuntu "
+                   "`apt-get install mesa-vulkan-drivers` (software lavapipe, or Mesa's AMD/Intel drivers), "
+                   "the NVIDIA driver with its Vulkan ICD, or run on macOS (Metal) / Windows (D3D12).")
+
+
+def list_adapters():
+    try:
+        return list(wgpu.gpu.enumerate_adapters_sync())
+    except Exception:  # noqa: BLE001 - any backend failure means "none"
+        return []
+
+
+def _pick_adapter(spec: str | None):
+    if spec in (None, ""):
+        try:
+            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        except Exception as e:  # noqa: BLE001
+            raise DeviceError(f"{NO_ADAPTER_HELP} ({e})") from None
+        if adapter is None:
+            raise DeviceError(NO_ADAPTER_HELP)
+        return adapter
+    adapters = list_adapters()
+    if not adapters:
+        raise DeviceError(NO_ADAPTER_HELP)
+    names = [f"{i}: {a.info['device']} ({a.info['backend_type']})" for i, a in enumerate(adapters)]
+    if spec.isdigit():
+        i = int(spec)
+        if i >= len(adapters):
+            raise DeviceError(f"--device {spec}: no adapter with that index; adapters: " + "; ".join(names))
+        return adapters[i]
+    for a in adapters:
+        if spec.lower() in f"{a.info['device']} {a.info['vendor']} {a.info['backend_type']}".lower():
+            return a
+    raise DeviceError(f"--device {spec!r} matches no adapter; adapters: " + "; ".join(names))
+
+
+class Device:
+    """A wgpu device with the adapter's real limits, plus helpers every kernel wrapper uses."""
+
+    def __init__(self, spec: str | None = None):
+        spec = spec if spec is not None else os.environ.get("SHADERLM_DEVICE")
+        self.adapter = _pick_adapter(spec)
+        feats = set(self.adapter.features)
+        want = [f for f in OPTIONAL_FEATURES if f in feats]
+        if os.environ.get("SHADERLM_NO_SUBGROUPS"):
+            want = [f for f in want if f != "subgroup"]
+        limits = {k: self.adapter.limits[k] for k in WANTED_LIMITS if k in self.adapter.limits}
+        try:
+            self.device = self.adapter.request_device_sync(required_features=want, required_limits=limits)
+        except Exception as e:  # noqa: BLE001
+            raise DeviceError(f"could not open {self.name}: {e}") from None
+        self.queue = self.device.queue
+        self.features = set(self.device.features)
+        self.limits = dict(self.device.limits)
+        self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
+        self.max_buffers = int(self.limits["max-storage-buffers-per-shader-stage"])
+        self.has_subgroups = "subgroup" in self.features
+        self.has_timestamps = "timestamp-query" in self.features
+        self._pipelines: dict = {}
+        self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
+
+    @property
+    def name(self) -> str:
+        info = self.adapter.info
+        return f"{info['device']} ({info['backend_type']})"
+
+    def describe(self) -> dict:
+        info = self.adapter.info
+        return {"device": info["device"], "vendor": info["vendor"], "backend": info["backend_type"],
+                "adapter_type": info["adapter_type"], "description": info["description"],
+                "features": sorted(self.features), "subgroup_size": self.subgroup_size,
+                "limits": {k: self.limits[k] for k in WANTED_LIMITS if k in self.limits}}
+
+    # ---- buffers -------------------------------------------------------------------------------
+    def buffer(self, size: int, usage=STORAGE, label: str = ""):
+        return self.device.create_buffer(size=max(16, -(-int(size) // 16) * 16), usage=usage, label=label)
+
+    def upload(self, data, usage=STORAGE, label: str = ""):
+        """A new buffer holding `data` (any buffer-protocol object), padded to a multiple of 16 bytes."""
+        mv = memoryview(data).cast("B")
+        buf = self.device.create_buffer(size=max(16, -(-mv.nbytes // 16) * 16), usage=usage, label=label,
+                                        mapped_at_creation=True)
+        if mv.nbytes:
+            buf.write_mapped(mv, 0)
+        buf.unmap()
+        return buf
+
+    def write(self, buf, data, offset: int = 0):
+        self.queue.write_buffer(buf, offset, memoryview(data).cast("B"))
+
+    def read(self, buf, dtype=np.float32, offset: int = 0, size: int | None = None) -> np.ndarray:
+        raw = self.queue.read_buffer(buf, offset, size)
+        return np.frombuffer(raw, dtype=dtype).copy()
+
+    def uniform(self, *values, label: str = ""):
+        """A uniform buffer from ints (u32) and floats (f32), in order, each 4 bytes."""
+        return self.upload(pack_params(*values), usage=UNIFORM, label=label)
+
+    # ---- pipelines -----------------------------------------------------------------------------
+    def defines(self) -> dict:
+        """Preprocessor symbols every kernel sees."""
+        return {"SUBGROUPS": self.has_subgroups}
+
+    def pipeline(self, kernel: str, **defines):
+        key = (kernel, tuple(sorted(defines.items())))
+        pipe = self._pipelines.get(key)
+        if pipe is None:
+            src = load_wgsl(kernel, {**self.defines(), **defines})
+            try:
+                module = self.device.create_shader_module(code=src, label=kernel)
+                pipe = self.device.create_compute_pipeline(
+                    layout="auto", compute={"module": module, "entry_point": "main"}, label=kernel)
+            except Exception as e:
+                raise DeviceError(f"kernel {kernel} {defines} failed to compile on {self.name}: {e}") from e
+            pipe.kernel_name = kernel
+            self._pipelines[key] = pipe
+        return pipe
+
+    def bind_group(self, pipeline, resources):
+        """Bind resources to bindings 0..n-1 of group 0: a buffer, or (buffer, offset, size)."""
+        entries = []
+        for i, r in enumerate(resources):
+            buf, off, size = (r, 0, r.size) if not isinstance(r, tuple) else r
+            entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
+        return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
+
+    def submit(self, command_buffers):
+        self.queue.submit(command_buffers)
+
+    def encoder(self):
+        return self.device.create_command_encoder()
+
+    def _probe_subgroup_size(self) -> int:
+        pipe = self.pipeline("probe_subgroup")
+        out = self.buffer(16)
+        bg = self.bind_group(pipe, [out])
+        enc = self.encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(1)
+        cp.end()
+        self.submit([enc.finish()])
+        return int(self.read(out, np.uint32)[0])
+
+
+def pack_params(*values) -> bytes:
+    out = bytearray()
+    for v in values:
+        if isinstance(v, (bool, int, np.integer)):
+            out += struct.pack("<I", int(v) & 0xFFFFFFFF)
+        else:
+            out += struct.pack("<f", float(v))
+    out += b"\0" * (-len(out) % 16)
+    return bytes(out) or b"\0" * 16
+
+
+_devices: dict = {}
+
+
+def get_device(spec: str | None = None) -> Device:
+    """One Device per adapter spec for the process (pipelines are cached on it)."""
+    key = spec if spec is not None else os.environ.get("SHADERLM_DEVICE", "")
+    if key not in _devices:
+        _devices[key] = Device(key or None)
+    return _devices[key]
+
+
+__all__ = ["Device", "get_device", "pack_params", "STORAGE", "UNIFORM", "MapMode", "list_adapters"]

@@ -1,0 +1,62 @@
+"""A forward pass as data: a list of dispatches built once at load, recorded into one compute pass.
+
+Bind groups and buffers never change after load; per-step values (position, token count) live in GPU
+buffers that kernels read, so recording a step is only set_pipeline / set_bind_group / dispatch calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Union
+
+Grid = Union[tuple, Callable[[int], tuple]]
+
+
+@dataclass
+class Dispatch:
+    pipeline: object
+    bind_group: object
+    grid: Grid                 # workgroup counts, or a function of the token count n
+    label: str = ""
+    bytes: int = 0             # bytes of weights this dispatch must read (for bandwidth reports)
+
+    def workgroups(self, n: int) -> tuple:
+        g = self.grid(n) if callable(self.grid) else self.grid
+        return tuple(g) + (1,) * (3 - len(g))
+
+
+class Plan:
+    def __init__(self, device, dispatches=None, name: str = ""):
+        self.device = device
+        self.dispatches: list[Dispatch] = list(dispatches or [])
+        self.name = name
+
+    def add(self, d: Dispatch):
+        self.dispatches.append(d)
+        return d
+
+    def extend(self, ds):
+        self.dispatches.extend(ds)
+
+    def __len__(self):
+        return len(self.dispatches)
+
+    def encode(self, cpass, n: int = 1):
+        for d in self.dispatches:
+            x, y, z = d.workgroups(n)
+            if x and y and z:
+                cpass.set_pipeline(d.pipeline)
+                cpass.set_bind_group(0, d.bind_group)
+                cpass.dispatch_workgroups(x, y, z)
+
+    def run(self, n: int = 1, repeat: int = 1, then=None):
+        """Record `repeat` copies of the plan into one command buffer and submit once.
+
+        `then(encoder)` may append copies (e.g. token ids to a readback buffer)."""
+        enc = self.device.encoder()
+        cpass = enc.begin_compute_pass()
+        for _ in range(repeat):
+            self.encode(cpass, n)
+        cpass.end()
+        if then is not None:
+            then(enc)
+        self.device.submit([enc.finish()])

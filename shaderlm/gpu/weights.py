@@ -1,0 +1,59 @@
+"""Quantized weight matrices on the GPU, split by rows where one binding can't hold them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import ModelFormatError
+from ..formats.quants import QuantType, gpu_layout, quant_type, row_chunks
+
+
+@dataclass
+class WeightChunk:
+    buffer: object
+    row0: int
+    rows: int
+    dbase: int      # word offset of the split f16 scale array in `buffer` (0 when the type has none)
+
+
+@dataclass
+class GPUWeight:
+    name: str
+    qtype: QuantType
+    rows: int                       # output features
+    cols: int                       # input features (K)
+    chunks: list = field(default_factory=list)
+    nbytes: int = 0                 # bytes on the GPU (what a full pass over it reads)
+
+    @property
+    def shape(self):
+        return (self.rows, self.cols)
+
+
+def upload_weight(dev, name: str, type_name: str, shape, raw: np.ndarray, max_binding: int | None = None):
+    """Upload a GGUF tensor (uint8 bytes, rows x cols in numpy order) in its compact form."""
+    q = quant_type(type_name, name)
+    rows, cols = (1, int(shape[0])) if len(shape) == 1 else (int(np.prod(shape[:-1])), int(shape[-1]))
+    if cols % q.gpu_block_elems:
+        raise ModelFormatError(f"tensor {name}: row length {cols} is not a multiple of the {q.name} "
+                               f"block size {q.gpu_block_elems}")
+    row_bytes = q.row_bytes(cols)
+    if raw.size != rows * row_bytes:
+        raise ModelFormatError(f"tensor {name}: {raw.size} bytes, expected {rows * row_bytes} for "
+                               f"{q.name} {rows}x{cols}")
+    w = GPUWeight(name, q, rows, cols)
+    raw2 = raw.reshape(rows, row_bytes)
+    for r0, n in row_chunks(rows, row_bytes, max_binding or dev.max_binding):
+        data, dbase = gpu_layout(q, raw2[r0:r0 + n])
+        w.chunks.append(WeightChunk(dev.upload(data, label=f"{name}[{r0}:{r0 + n}]"), r0, n, dbase))
+        w.nbytes += data.nbytes
+    return w
+
+
+def concat_rows(dev, name: str, parts, max_binding: int | None = None):
+    """One weight from several with the same type and K stacked by rows (e.g. Q, K, V -> QKV)."""
+    type_name, cols = parts[0][1], parts[0][2][-1]
+    raw = np.concatenate([np.asarray(p[3]).reshape(-1) for p in parts])
+    rows = sum(int(np.prod(p[2][:-1])) for p in parts)
+    return upload_weight(dev, name, type_name, (rows, cols), raw, max_binding)

@@ -1,0 +1,116 @@
+"""Thin Python over the WGSL kernels: each function builds the Dispatch objects for one op.
+
+Nothing here runs per token: dispatches (pipeline + bind group + grid) are built once at load and
+replayed by a Plan. Grids that depend on the token count are functions of n.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..gpu.plan import Dispatch
+
+WG = 256            # threads per workgroup for the simple elementwise/row kernels
+
+
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def grid_1d(dev, n_groups: int) -> tuple:
+    """Spread n_groups workgroups over x (and y when x would pass the per-dimension limit)."""
+    lim = int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
+    if n_groups <= lim:
+        return (max(n_groups, 1), 1, 1)
+    return (lim, cdiv(n_groups, lim), 1)
+
+
+# ---- dequantize (tests, tools) -----------------------------------------------------------------
+def dequantize(dev, weight) -> np.ndarray:
+    """The f32 values of a GPUWeight, dequantized on the GPU (row-major rows x cols)."""
+    pipe = dev.pipeline("dequant", QUANT=weight.qtype.kernel)
+    out = np.empty((weight.rows, weight.cols), np.float32)
+    for c in weight.chunks:
+        obuf = dev.buffer(c.rows * weight.cols * 4)
+        bg = dev.bind_group(pipe, [dev.uniform(weight.cols, c.rows, c.dbase, 0), c.buffer, obuf])
+        groups = cdiv(c.rows * weight.cols // 8, 256)
+        enc = dev.encoder()
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(*grid_1d(dev, groups))
+        cp.end()
+        dev.submit([enc.finish()])
+        out[c.row0:c.row0 + c.rows] = dev.read(obuf, np.float32).reshape(c.rows, weight.cols)
+    return out
+
+
+# ---- forward-pass ops ----------------------------------------------------------------------------
+# Every op takes the shared `st` state buffer (State in state.wgsl: pos, n, tok, out_row0).
+
+def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
+           from_state_row=False, label="matmul") -> list[Dispatch]:
+    """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats."""
+    wg = 256 if dev.has_subgroups else 64
+    rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
+    pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
+                        ACCUMULATE=accumulate)
+    lim = int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
+    out = []
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, w.cols,
+                             int(from_state_row), 0)
+        res = [params, st, c.buffer, x, y] + ([bias] if bias is not None else [])
+        gx = min(cdiv(c.rows, rows_per_wg), lim)
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
+                            label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
+def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False) -> Dispatch:
+    pipe = dev.pipeline("rmsnorm", WG=WG)
+    bg = dev.bind_group(pipe, [dev.uniform(dim, int(from_state_row), float(eps), 0), st, x, w, y])
+    return Dispatch(pipe, bg, lambda n: (n, 1), label="rmsnorm")
+
+
+def embed(dev, w, tokens, x, st, *, scale: float = 1.0) -> list[Dispatch]:
+    pipe = dev.pipeline("embed", QUANT=w.qtype.kernel)
+    out = []
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.row0, c.rows, c.dbase, float(scale), 0, 0, 0)
+        bg = dev.bind_group(pipe, [params, st, tokens, c.buffer, x])
+        out.append(Dispatch(pipe, bg, lambda n: (n, 1), label="embed"))
+    return out
+
+
+def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_dim, rope_dim,
+               neox: bool) -> Dispatch:
+    pipe = dev.pipeline("rope_store", NEOX=neox)
+    bg = dev.bind_group(pipe, [dev.uniform(n_heads, n_kv, head_dim, rope_dim), st, qkv, inv_freq,
+                               k_cache, v_cache])
+    return Dispatch(pipe, bg, lambda n: (n_heads + n_kv, n), label="rope_store")
+
+
+def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
+              window: int = 0, softcap: float = 0.0) -> Dispatch:
+    wg = 64
+    pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg))
+    params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), 0, 0)
+    bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out])
+    return Dispatch(pipe, bg, lambda n: (n_heads, n), label="attention")
+
+
+def glu(dev, gate_up, out, st, *, ffn: int, gelu=False) -> Dispatch:
+    pipe = dev.pipeline("glu", ACT_GELU=gelu)
+    bg = dev.bind_group(pipe, [dev.uniform(ffn, 0, 0, 0), st, gate_up, out])
+    return Dispatch(pipe, bg, lambda n: (cdiv(ffn, 256), n), label="glu")
+
+
+def sample(dev, logits, tokens, st, params) -> Dispatch:
+    """`params`: a uniform buffer from sample_params(); rewritten by the host when settings change."""
+    pipe = dev.pipeline("sample", WG=WG)
+    bg = dev.bind_group(pipe, [params, st, logits, tokens])
+    return Dispatch(pipe, bg, (1, 1, 1), label="sample")
+
+
+def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0) -> tuple:
+    return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, 0, 0, 0)

@@ -1,0 +1,10 @@
+// F16: a "block" is 8 plain halves (4 words, two per word, element 2i in the low half).
+// unpack2x16float needs no shader-f16 feature. j is always 0 (QK / 8 == 1).
+const QK: u32 = 8u;
+const QW: u32 = 4u;
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let o = blk * 4u;
+    return V8(vec4<f32>(unpack2x16float(w[o]), unpack2x16float(w[o + 1u])),
+              vec4<f32>(unpack2x16float(w[o + 2u]), unpack2x16float(w[o + 3u])));
+}

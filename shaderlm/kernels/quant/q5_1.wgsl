@@ -1,0 +1,21 @@
+// Q5_1: 32 5-bit quants, x = d * q + m. GGUF block (24 B, word aligned): d, m (f16), qh (u32), qs[16].
+// Low 4 bits as Q4_1 (element e < 16: low nibble of qs[e], else high nibble of qs[e-16]);
+// bit 4 of element e is bit e of qh. GPU words: [d|m, qh, qs0..qs3].
+const QK: u32 = 32u;
+const QW: u32 = 6u;
+
+// 4 bits h3..h0 -> bit 4 of bytes 3..0 (copies of h at bits 0, 7, 14, 21; no carries).
+fn q5_hbits(h: u32) -> u32 {
+    return ((h * 0x00204081u) & 0x01010101u) << 4u;
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let o = blk * 6u;
+    let dm = unpack2x16float(w[o]);
+    let qh = w[o + 1u] >> (j * 8u);
+    let wi = o + 2u + (j & 1u) * 2u;
+    let sh = (j >> 1u) * 4u;
+    let qa = ((w[wi] >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
+    let qb = ((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
+    return V8(u8x4(qa) * dm.x + dm.y, u8x4(qb) * dm.x + dm.y);
+}

@@ -1,0 +1,70 @@
+// RoPE on Q (in place) and K, then K and V into the f16 KV cache at their positions.
+// qkv rows: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]. Cache rows: pos -> n_kv*hd halves packed in u32.
+// NEOX rotates pairs (i, i + rd/2), normal mode pairs (2i, 2i+1) - llama.cpp's two RoPE types.
+#include state
+
+struct P { n_heads: u32, n_kv: u32, hd: u32, rope_dim: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read_write> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read> inv_freq: array<f32>;   // rotations per position / (2 pi)
+@group(0) @binding(4) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(5) var<storage, read_write> vc: array<u32>;
+
+fn pair_index(i: u32) -> vec2<u32> {
+#if NEOX
+    return vec2<u32>(i, i + p.rope_dim / 2u);
+#else
+    return vec2<u32>(2u * i, 2u * i + 1u);
+#endif
+}
+
+fn rotate(base: u32, i: u32, pos: u32) -> vec2<f32> {
+    // angle = pos * inv_freq, reduced in turns first so sin/cos see a small argument
+    let turns = f32(pos) * inv_freq[i];
+    let a = (turns - floor(turns)) * 6.283185307179586;
+    let c = cos(a);
+    let s = sin(a);
+    let ix = pair_index(i);
+    let x0 = qkv[base + ix.x];
+    let x1 = qkv[base + ix.y];
+    return vec2<f32>(x0 * c - x1 * s, x0 * s + x1 * c);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let t = wid.y;
+    if (t >= st.n) { return; }
+    let pos = st.pos + t;
+    let hd = p.hd;
+    let half_hd = hd / 2u;
+    let row = t * (p.n_heads + 2u * p.n_kv) * hd;
+    let h = wid.x;                       // 0..n_heads-1: query heads; then kv heads
+    if (h < p.n_heads) {
+        let base = row + h * hd;
+        for (var i = li; i < p.rope_dim / 2u; i += 64u) {
+            let r = rotate(base, i, pos);
+            let ix = pair_index(i);
+            qkv[base + ix.x] = r.x;
+            qkv[base + ix.y] = r.y;
+        }
+        return;
+    }
+    let kh = h - p.n_heads;
+    let kbase = row + (p.n_heads + kh) * hd;
+    let vbase = row + (p.n_heads + p.n_kv + kh) * hd;
+    // rotate K in place (pairs are disjoint across threads), then pack pairs of halves
+    for (var i = li; i < p.rope_dim / 2u; i += 64u) {
+        let r = rotate(kbase, i, pos);
+        let ix = pair_index(i);
+        qkv[kbase + ix.x] = r.x;
+        qkv[kbase + ix.y] = r.y;
+    }
+    workgroupBarrier();
+    storageBarrier();
+    let co = (pos * p.n_kv + kh) * half_hd;
+    for (var j = li; j < half_hd; j += 64u) {
+        kc[co + j] = pack2x16float(vec2<f32>(qkv[kbase + 2u * j], qkv[kbase + 2u * j + 1u]));
+        vc[co + j] = pack2x16float(vec2<f32>(qkv[vbase + 2u * j], qkv[vbase + 2u * j + 1u]));
+    }
+}

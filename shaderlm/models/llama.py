@@ -1,0 +1,71 @@
+"""Llama family: Llama 2/3, Mistral, SmolLM2 (arch "llama"), Qwen2/2.5 (QKV bias).
+
+Per layer: x += Wo . attn(rope(Wqkv . norm(x))); x += Wdown . (silu(Wgate . norm(x)) * Wup . norm(x)).
+"""
+from __future__ import annotations
+
+import math
+
+from ..kernels import ops
+from .transformer import Transformer
+
+
+class Llama(Transformer):
+    def _load_weights(self):
+        c = self.cfg
+        self.tok_embd = self.matrix("token_embd.weight")
+        self.out_norm = self.vector("output_norm.weight")
+        self.lm_head = self.matrix("output.weight", required=False) or self.tok_embd
+        self.layers = []
+        for i in range(c.n_layers):
+            p = f"blk.{i}."
+            q, k, v = p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"
+            gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
+            L = {"attn_norm": self.vector(p + "attn_norm.weight"), "ffn_norm": self.vector(p + "ffn_norm.weight")}
+            # Q, K, V (and gate, up) read the same input: one matmul when they share a type
+            L["qkv"] = [self.matrix(q, k, v)] if self.fusable(q, k, v) else \
+                [self.matrix(q), self.matrix(k), self.matrix(v)]
+            L["qkv_bias"] = [self.vector(p + n, required=False) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")]
+            L["wo"] = self.matrix(p + "attn_output.weight")
+            L["gate_up"] = [self.matrix(gate, up)] if self.fusable(gate, up) else [self.matrix(gate), self.matrix(up)]
+            L["down"] = self.matrix(p + "ffn_down.weight")
+            if any(b is not None for b in L["qkv_bias"]):
+                L["qkv_bias"] = [self._bias_cat(L["qkv_bias"])]
+            else:
+                L["qkv_bias"] = None
+            self.layers.append(L)
+
+    def _bias_cat(self, parts):
+        """Q, K, V biases as one vector over the qkv rows (zeros where a bias is absent)."""
+        import numpy as np
+        c = self.cfg
+        sizes = (c.q_dim, c.kv_dim, c.kv_dim)
+        vals = [np.zeros(s, np.float32) if b is None else self.dev.read(b, np.float32)[:s]
+                for b, s in zip(parts, sizes)]
+        return self.dev.upload(np.concatenate(vals), label="qkv_bias")
+
+    def layer_ops(self, i: int, tt: int) -> list:
+        c, dev, L, st = self.cfg, self.dev, self.layers[i], self.state
+        qkv_w = c.q_dim + 2 * c.kv_dim
+        out = [ops.rmsnorm(dev, self.x, L["attn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps)]
+        row0 = 0
+        bias = L["qkv_bias"][0] if L["qkv_bias"] else None
+        for w in L["qkv"]:
+            # all parts write into the one qkv buffer; a shared bias vector is indexed by output row
+            out += ops.matmul(dev, w, self.xn, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias)
+            row0 += w.rows
+        out.append(ops.rope_store(dev, self.qkv, self.inv_freq, self.k_cache[i], self.v_cache[i], st,
+                                  n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
+                                  rope_dim=c.rope_dim, neox=c.rope_neox))
+        out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st,
+                                 n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
+                                 scale=1.0 / math.sqrt(c.head_dim)))
+        out += ops.matmul(dev, L["wo"], self.attn, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
+        out.append(ops.rmsnorm(dev, self.x, L["ffn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
+        row0 = 0
+        for w in L["gate_up"]:
+            out += ops.matmul(dev, w, self.xn, self.gu, st, tt=tt, y_stride=2 * c.ffn_dim, row0=row0)
+            row0 += w.rows
+        out.append(ops.glu(dev, self.gu, self.h, st, ffn=c.ffn_dim))
+        out += ops.matmul(dev, L["down"], self.h, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
+        return out
