@@ -63,12 +63,16 @@ def _pick_adapter(spec: str | None):
 class Device:
     """A wgpu device with the adapter's real limits, plus helpers every kernel wrapper uses."""
 
-    def __init__(self, spec: str | None = None):
+    def __init__(self, spec: str | None = None, subgroups: bool | None = None):
+        """`spec`: adapter index or name substring (default: SHADERLM_DEVICE, else high-performance).
+        `subgroups=False` (or SHADERLM_NO_SUBGROUPS=1) uses the workgroup-memory kernels instead."""
         spec = spec if spec is not None else os.environ.get("SHADERLM_DEVICE")
         self.adapter = _pick_adapter(spec)
         feats = set(self.adapter.features)
         want = [f for f in OPTIONAL_FEATURES if f in feats]
-        if os.environ.get("SHADERLM_NO_SUBGROUPS"):
+        if subgroups is None:
+            subgroups = not os.environ.get("SHADERLM_NO_SUBGROUPS")
+        if not subgroups:
             want = [f for f in want if f != "subgroup"]
         limits = {k: self.adapter.limits[k] for k in WANTED_LIMITS if k in self.adapter.limits}
         try:

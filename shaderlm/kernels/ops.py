@@ -49,7 +49,13 @@ def dequantize(dev, weight) -> np.ndarray:
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, label="matmul") -> list[Dispatch]:
-    """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats."""
+    """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
+
+    tt == 1: the decode GEMV (matmul.wgsl). tt > 1: batched tokens, the 64x64-tiled GEMM
+    (matmul_tiled.wgsl) when K allows, else the GEMV kernel with tt tokens per row pass."""
+    if tt > 1 and w.cols % 32 == 0:
+        return _matmul_tiled(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate,
+                             bias=bias, from_state_row=from_state_row)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
@@ -63,6 +69,18 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         gx = min(cdiv(c.rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
+def _matmul_tiled(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row):
+    pipe = dev.pipeline("matmul_tiled", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate)
+    out = []
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, w.cols, int(from_state_row), 0)
+        res = [params, st, c.buffer, x, y] + ([bias] if bias is not None else [])
+        gx = cdiv(c.rows, 64)
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, 64)),
+                            label=f"matmul_tiled.{w.qtype.name}", bytes=c.buffer.size))
     return out
 
 

@@ -1,0 +1,114 @@
+"""`shaderlm bench`: llama-bench style prompt (pp) and generation (tg) throughput."""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+
+def decode_bytes(model) -> int:
+    """Weight bytes one decode step reads (every matrix once, plus norms)."""
+    return int(sum(d.bytes for d in model.net.plan_decode.dispatches))
+
+
+def bench_prompt(model, n: int, reps: int) -> list[float]:
+    net, gen = model.net, model.generator
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, net.cfg.vocab_size, n).tolist()
+    out = []
+    for r in range(reps + 1):
+        t0 = time.perf_counter()
+        gen._prefill(ids, 0, sample=True)
+        gen._read_tokens(n, 1)
+        dt = time.perf_counter() - t0
+        if r:                                   # the first run warms pipelines and caches
+            out.append(n / dt)
+    return out
+
+
+def bench_gen(model, n: int, reps: int) -> list[float]:
+    gen = model.generator
+    from .engine.generate import Sampling
+    out = []
+    for r in range(reps + 1):
+        gen.reset()
+        toks = list(gen.generate([1], n, Sampling(), stop_ids=(), keep_history=False))
+        assert len(toks) == n
+        s = gen.stats
+        if r:
+            out.append((s.decode_tokens - 1) / s.decode_s if s.decode_s else 0.0)
+    return out
+
+
+def run(args):
+    import shaderlm
+    rows = []
+    need = max(args.p + [0]) + max(args.n + [0]) + 8
+    for path in args.model or [None]:
+        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
+                              tokens_per_submit=args.tokens_per_submit, progress=False)
+        name = os.path.basename(model.path)
+        size = model.net.weight_bytes
+        quant = model.gguf.metadata.get("general.file_type", "")
+        peak = args.peak_gbs
+        for p in args.p:
+            if p:
+                tps = bench_prompt(model, p, args.r)
+                rows.append(_row(name, size, quant, f"pp{p}", tps, 0, peak))
+        for n in args.n:
+            if n:
+                tps = bench_gen(model, n, args.r)
+                rows.append(_row(name, size, quant, f"tg{n}", tps, decode_bytes(model), peak,
+                                 dispatches=len(model.net.plan_decode), per_submit=model.generator.k))
+        device = model.device.name
+    if args.json:
+        print(json.dumps({"device": device, "results": rows}, indent=1))
+        return
+    cols = ["model", "size", "test", "tok/s", "+/-", "ms/tok", "MB/tok", "GB/s", "%peak"]
+    print(f"device: {device}")
+    print(" | ".join(f"{c:>10}" for c in cols))
+    for r in rows:
+        vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", r["test"], f"{r['tps']:.1f}", f"{r['spread']:.1f}",
+                f"{1000 / r['tps']:.3f}" if r["tps"] else "-", f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
+                f"{r['gbs']:.0f}" if r["bytes"] else "-", f"{r['pct_peak']:.0f}" if r.get("pct_peak") else "-"]
+        print(" | ".join(f"{v:>10}" for v in vals))
+
+
+def _row(name, size, quant, test, tps_list, nbytes, peak, **extra):
+    med = statistics.median(tps_list)
+    spread = (max(tps_list) - min(tps_list)) / 2 if len(tps_list) > 1 else 0.0
+    gbs = med * nbytes / 1e9
+    r = {"model": name, "size": size, "quant": quant, "test": test, "tps": med, "spread": spread,
+         "runs": tps_list, "bytes": nbytes, "gbs": gbs, **extra}
+    if peak and nbytes:
+        r["pct_peak"] = 100 * gbs / peak
+    return r
+
+
+def add_parser(sub):
+    p = sub.add_parser("bench", help="prompt and generation throughput, llama-bench style")
+    p.add_argument("--model", "-m", action="append", help="GGUF file (repeatable; default SmolLM2)")
+    p.add_argument("--device")
+    p.add_argument("-p", type=int, action="append", help="prompt lengths (default 512)")
+    p.add_argument("-n", type=int, action="append", help="generated lengths (default 128)")
+    p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
+    p.add_argument("--batch", type=int, default=512, help="prefill chunk")
+    p.add_argument("--tokens-per-submit", type=int, default=8)
+    p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(fn=lambda a: run(_defaults(a)))
+    return p
+
+
+def _defaults(a):
+    a.p = a.p if a.p is not None else [512]
+    a.n = a.n if a.n is not None else [128]
+    return a
+
+
+if __name__ == "__main__":
+    sys.exit("use: shaderlm bench")

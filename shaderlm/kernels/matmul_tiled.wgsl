@@ -1,0 +1,88 @@
+// Prefill GEMM: y[t, row] (+)= sum_k W[row, k] * x[t, k] for a tile of 64 rows x 64 tokens per
+// workgroup. Each K step of 32 dequantizes the 64x32 weight tile once into workgroup memory (one
+// dq8 per thread) next to the 64x32 activation tile; each thread then accumulates a 4x4 block.
+// Needs K % 32 == 0 (true of every quantized type; F16/F32 rows of other lengths use matmul.wgsl).
+#include quant_common
+#include {{QUANT}}
+#include state
+
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, x_stride: u32, first_from_state: u32, _b: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#endif
+var<private> w_dbase: u32;
+
+var<workgroup> ws: array<f32, 2048>;   // [k][row], 32 x 64
+var<workgroup> xs: array<f32, 2048>;   // [k][token], 32 x 64
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    w_dbase = p.dbase;
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let n = st.n - first;
+    let r_base = wid.x * 64u;
+    let t_base = wid.y * 64u;
+    if (t_base >= n) { return; }
+    let bpr = p.k / QK;
+    let gpb = QK / 8u;
+    let xs4 = p.x_stride / 4u;
+    // loader role: one row (or token) and one 8-wide k group
+    let lr = li / 4u;
+    let lj = li % 4u;
+    // compute role: 4 rows x 4 tokens
+    let cr = (li % 16u) * 4u;
+    let ct = (li / 16u) * 4u;
+    var acc: array<vec4<f32>, 4>;       // acc[i] = row cr+i, tokens ct..ct+3
+    for (var k0 = 0u; k0 < p.k; k0 += 32u) {
+        let g = k0 / 8u + lj;
+        var v = V8(vec4<f32>(0.0), vec4<f32>(0.0));
+        if (r_base + lr < p.rows) { v = dq8((r_base + lr) * bpr + g / gpb, g % gpb); }
+        var a = vec4<f32>(0.0);
+        var b = vec4<f32>(0.0);
+        if (t_base + lr < n) {
+            let xi = (t_base + lr) * xs4 + g * 2u;
+            a = x[xi];
+            b = x[xi + 1u];
+        }
+        let o = lj * 8u * 64u + lr;
+        ws[o] = v.a.x; ws[o + 64u] = v.a.y; ws[o + 128u] = v.a.z; ws[o + 192u] = v.a.w;
+        ws[o + 256u] = v.b.x; ws[o + 320u] = v.b.y; ws[o + 384u] = v.b.z; ws[o + 448u] = v.b.w;
+        xs[o] = a.x; xs[o + 64u] = a.y; xs[o + 128u] = a.z; xs[o + 192u] = a.w;
+        xs[o + 256u] = b.x; xs[o + 320u] = b.y; xs[o + 384u] = b.z; xs[o + 448u] = b.w;
+        workgroupBarrier();
+        for (var k = 0u; k < 32u; k++) {
+            let wr = vec4<f32>(ws[k * 64u + cr], ws[k * 64u + cr + 1u], ws[k * 64u + cr + 2u], ws[k * 64u + cr + 3u]);
+            let xt = vec4<f32>(xs[k * 64u + ct], xs[k * 64u + ct + 1u], xs[k * 64u + ct + 2u], xs[k * 64u + ct + 3u]);
+            acc[0] += wr.x * xt;
+            acc[1] += wr.y * xt;
+            acc[2] += wr.z * xt;
+            acc[3] += wr.w * xt;
+        }
+        workgroupBarrier();
+    }
+    for (var i = 0u; i < 4u; i++) {
+        let row = r_base + cr + i;
+        if (row >= p.rows) { continue; }
+#if BIAS
+        let bb = bias[p.row0 + row];
+#else
+        let bb = 0.0;
+#endif
+        for (var j = 0u; j < 4u; j++) {
+            let t = t_base + ct + j;
+            if (t < n) {
+                let o = t * p.y_stride + p.row0 + row;
+#if ACCUMULATE
+                y[o] += acc[i][j] + bb;
+#else
+                y[o] = acc[i][j] + bb;
+#endif
+            }
+        }
+    }
+}
