@@ -147,9 +147,12 @@ class Device:
         return pipe
 
     def bind_group(self, pipeline, resources):
-        """Bind resources to bindings 0..n-1 of group 0: a buffer, or (buffer, offset, size)."""
+        """Bind resources to bindings 0..n-1 of group 0: a buffer, (buffer, offset, size), or None
+        for a binding the kernel variant does not declare."""
         entries = []
         for i, r in enumerate(resources):
+            if r is None:
+                continue
             buf, off, size = (r, 0, r.size) if not isinstance(r, tuple) else r
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)

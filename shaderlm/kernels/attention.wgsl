@@ -2,16 +2,42 @@
 // Keys are taken WG at a time: each thread scores one key, the tile's softmax weights go to
 // workgroup memory, and each thread accumulates the output for its pairs of head dimensions,
 // rescaling as the running maximum grows (online softmax), so any context length fits.
+// ROPE (decode, one token): also does rope_store's work - rotates q, takes the new token's K/V from
+// qkv (rotated, rounded to f16 like the cache) and the first head of each KV group stores them -
+// saving a dispatch per layer.
 #include reduce
 #include state
 
-struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, _a: u32, _b: u32 }
+struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, _b: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+#if ROPE
+@group(0) @binding(3) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(6) var<storage, read> inv_freq: array<f32>;
+var<workgroup> kcur: array<f32, {{HD}}>;
+var<workgroup> vcur: array<f32, {{HD}}>;
+
+fn pair_index(i: u32) -> vec2<u32> {
+#if NEOX
+    return vec2<u32>(i, i + p.rope_dim / 2u);
+#else
+    return vec2<u32>(2u * i, 2u * i + 1u);
+#endif
+}
+
+// rotate pair i of v (workgroup array) by position pos
+fn rot(i: u32, pos: u32) -> vec2<f32> {
+    let turns = f32(pos) * inv_freq[i];
+    let a = (turns - floor(turns)) * 6.283185307179586;
+    return vec2<f32>(cos(a), sin(a));
+}
+#else
 @group(0) @binding(3) var<storage, read> kc: array<u32>;
 @group(0) @binding(4) var<storage, read> vc: array<u32>;
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+#endif
 
 const PAIRS: u32 = {{PAIRS}}u;          // head-dim pairs per thread: ceil(hd / 2 / WG)
 var<workgroup> q: array<f32, {{HD}}>;
@@ -29,6 +55,32 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qpos = st.pos + t;
     let qo = t * (p.n_heads + 2u * p.n_kv) * hd + h * hd;
     for (var i = li; i < hd; i += {{WG}}u) { q[i] = qkv[qo + i] * p.scale; }
+#if ROPE
+    let ko = t * (p.n_heads + 2u * p.n_kv) * hd + (p.n_heads + kvh) * hd;
+    let vo = ko + p.n_kv * hd;
+    for (var i = li; i < hd; i += {{WG}}u) { kcur[i] = qkv[ko + i]; vcur[i] = qkv[vo + i]; }
+    workgroupBarrier();
+    for (var i = li; i < p.rope_dim / 2u; i += {{WG}}u) {
+        let cs = rot(i, qpos);
+        let ix = pair_index(i);
+        let q0 = q[ix.x]; let q1 = q[ix.y];
+        q[ix.x] = q0 * cs.x - q1 * cs.y; q[ix.y] = q0 * cs.y + q1 * cs.x;
+        let k0 = kcur[ix.x]; let k1 = kcur[ix.y];
+        kcur[ix.x] = k0 * cs.x - k1 * cs.y; kcur[ix.y] = k0 * cs.y + k1 * cs.x;
+    }
+    workgroupBarrier();
+    // round the new K/V to f16 exactly as the cache holds them; one head per KV group stores them
+    for (var j = li; j < half_hd; j += {{WG}}u) {
+        let kp = pack2x16float(vec2<f32>(kcur[2u * j], kcur[2u * j + 1u]));
+        let vp = pack2x16float(vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]));
+        let kr = unpack2x16float(kp); let vr = unpack2x16float(vp);
+        kcur[2u * j] = kr.x; kcur[2u * j + 1u] = kr.y; vcur[2u * j] = vr.x; vcur[2u * j + 1u] = vr.y;
+        if (h % (p.n_heads / p.n_kv) == 0u) {
+            kc[(qpos * p.n_kv + kvh) * half_hd + j] = kp;
+            vc[(qpos * p.n_kv + kvh) * half_hd + j] = vp;
+        }
+    }
+#endif
     workgroupBarrier();
     // keys in [k_lo, qpos]; a sliding window keeps the last `window` positions
     var k_lo = 0u;
@@ -40,12 +92,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let key = k0 + li;
         var s = -3.0e38;
         if (key <= qpos) {
-            let ko = (key * p.n_kv + kvh) * half_hd;
+            let kco = (key * p.n_kv + kvh) * half_hd;
             var d = 0.0;
+#if ROPE
+            if (key == qpos) {
+                for (var j = 0u; j < hd; j++) { d += q[j] * kcur[j]; }
+            } else {
+#endif
             for (var j = 0u; j < half_hd; j++) {
-                let kk = unpack2x16float(kc[ko + j]);
+                let kk = unpack2x16float(kc[kco + j]);
                 d += q[2u * j] * kk.x + q[2u * j + 1u] * kk.y;
             }
+#if ROPE
+            }
+#endif
             if (p.softcap > 0.0) { d = p.softcap * tanh(clamp(d / p.softcap, -15.0, 15.0)); }
             s = d;
         }
@@ -61,6 +121,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             if (j < half_hd) {
                 var a = acc[c] * corr;
                 for (var kk = 0u; kk < nk; kk++) {
+#if ROPE
+                    if (k0 + kk == qpos) {
+                        a += pw[kk] * vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]);
+                        continue;
+                    }
+#endif
                     a += pw[kk] * unpack2x16float(vc[((k0 + kk) * p.n_kv + kvh) * half_hd + j]);
                 }
                 acc[c] = a;

@@ -48,25 +48,31 @@ def dequantize(dev, weight) -> np.ndarray:
 # Every op takes the shared `st` state buffer (State in state.wgsl: pos, n, tok, out_row0).
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
-           from_state_row=False, label="matmul") -> list[Dispatch]:
+           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
-    tt == 1: the decode GEMV (matmul.wgsl). tt > 1: batched tokens, the 64x64-tiled GEMM
-    (matmul_tiled.wgsl) when K allows, else the GEMV kernel with tt tokens per row pass."""
+    tt == 1: the decode GEMV (matmul.wgsl), which can also fold in the RMSNorm of x (`norm`: the
+    norm weight buffer) and, for a [gate; up] weight, the gated activation (`glu`).
+    tt > 1: batched tokens, the 64x64-tiled GEMM (matmul_tiled.wgsl) when K allows."""
     if tt > 1 and w.cols % 32 == 0:
+        if norm is not None or glu:
+            raise ValueError("the tiled GEMM does not fuse norm/glu; run them as separate ops")
         return _matmul_tiled(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate,
                              bias=bias, from_state_row=from_state_row)
+    if glu and len(w.chunks) != 1:
+        raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
-                        ACCUMULATE=accumulate)
+                        ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu)
     lim = int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
     out = []
     for c in w.chunks:
-        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, w.cols,
-                             int(from_state_row), 0)
-        res = [params, st, c.buffer, x, y] + ([bias] if bias is not None else [])
-        gx = min(cdiv(c.rows, rows_per_wg), lim)
+        rows = c.rows // 2 if glu else c.rows
+        params = dev.uniform(w.cols, rows, row0 + c.row0, c.dbase, y_stride, w.cols,
+                             int(from_state_row), float(eps))
+        res = [params, st, c.buffer, x, y, bias, norm]
+        gx = min(cdiv(rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
     return out
@@ -109,11 +115,15 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 
 
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
-              window: int = 0, softcap: float = 0.0) -> Dispatch:
+              window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
+              neox: bool = False) -> Dispatch:
+    """Causal GQA attention over the cache. With `inv_freq` (decode, one token) it also applies
+    RoPE to q and the new K and stores the new K/V, replacing rope_store."""
     wg = 64
-    pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg))
-    params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), 0, 0)
-    bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out])
+    fused = inv_freq is not None
+    pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
+    params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
+    bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
     return Dispatch(pipe, bg, lambda n: (n_heads, n), label="attention")
 
 

@@ -45,27 +45,44 @@ class Llama(Transformer):
         return self.dev.upload(np.concatenate(vals), label="qkv_bias")
 
     def layer_ops(self, i: int, tt: int) -> list:
+        """One layer's dispatches. Decode (tt == 1) folds the norms into the matmuls, RoPE and the
+        KV store into attention and the activation into the gate/up matmul: 5 dispatches a layer
+        when Q/K/V and gate/up each share a type."""
         c, dev, L, st = self.cfg, self.dev, self.layers[i], self.state
+        decode = tt == 1
         qkv_w = c.q_dim + 2 * c.kv_dim
-        out = [ops.rmsnorm(dev, self.x, L["attn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps)]
-        row0 = 0
+        out = []
         bias = L["qkv_bias"][0] if L["qkv_bias"] else None
+        if decode:
+            src, norm = self.x, dict(norm=L["attn_norm"], eps=c.rms_eps)
+        else:
+            out.append(ops.rmsnorm(dev, self.x, L["attn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
+            src, norm = self.xn, {}
+        row0 = 0
         for w in L["qkv"]:
             # all parts write into the one qkv buffer; a shared bias vector is indexed by output row
-            out += ops.matmul(dev, w, self.xn, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias)
+            out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias, **norm)
             row0 += w.rows
-        out.append(ops.rope_store(dev, self.qkv, self.inv_freq, self.k_cache[i], self.v_cache[i], st,
-                                  n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
-                                  rope_dim=c.rope_dim, neox=c.rope_neox))
-        out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st,
-                                 n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
-                                 scale=1.0 / math.sqrt(c.head_dim)))
+        attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, scale=1.0 / math.sqrt(c.head_dim))
+        if decode:
+            out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn,
+                                     inv_freq=self.inv_freq, rope_dim=c.rope_dim, neox=c.rope_neox))
+        else:
+            out.append(ops.rope_store(dev, self.qkv, self.inv_freq, self.k_cache[i], self.v_cache[i], st,
+                                      n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
+                                      rope_dim=c.rope_dim, neox=c.rope_neox))
+            out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn))
         out += ops.matmul(dev, L["wo"], self.attn, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
-        out.append(ops.rmsnorm(dev, self.x, L["ffn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
-        row0 = 0
-        for w in L["gate_up"]:
-            out += ops.matmul(dev, w, self.xn, self.gu, st, tt=tt, y_stride=2 * c.ffn_dim, row0=row0)
-            row0 += w.rows
-        out.append(ops.glu(dev, self.gu, self.h, st, ffn=c.ffn_dim))
+        gu = L["gate_up"]
+        if decode and len(gu) == 1 and len(gu[0].chunks) == 1:
+            out += ops.matmul(dev, gu[0], self.x, self.h, st, tt=1, y_stride=c.ffn_dim, glu=True,
+                              norm=L["ffn_norm"], eps=c.rms_eps)
+        else:
+            out.append(ops.rmsnorm(dev, self.x, L["ffn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
+            row0 = 0
+            for w in gu:
+                out += ops.matmul(dev, w, self.xn, self.gu, st, tt=tt, y_stride=2 * c.ffn_dim, row0=row0)
+                row0 += w.rows
+            out.append(ops.glu(dev, self.gu, self.h, st, ffn=c.ffn_dim))
         out += ops.matmul(dev, L["down"], self.h, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
         return out

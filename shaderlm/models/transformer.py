@@ -114,8 +114,13 @@ class Transformer:
     def layer_ops(self, i: int, tt: int) -> list:
         raise NotImplementedError
 
-    def head_ops(self, tt: int) -> list:
+    def head_ops(self, tt: int, decode: bool = False) -> list:
+        """Final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token, row 0)
+        the norm is folded into the LM-head matmul."""
         c = self.cfg
+        if decode:
+            return ops.matmul(self.dev, self.lm_head, self.x, self.logits, self.state, tt=1,
+                              y_stride=c.vocab_size, norm=self.out_norm, eps=c.rms_eps)
         return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, self.state, dim=c.dim, eps=c.rms_eps,
                             from_state_row=True),
                 *ops.matmul(self.dev, self.lm_head, self.xn, self.logits, self.state, tt=tt,
@@ -138,7 +143,7 @@ class Transformer:
         sampler = ops.sample(dev, self.logits, self.tokens, self.state, self.sample_params)
         self.plan_prefill = Plan(dev, prefill_body, "prefill")                   # layers only
         self.plan_prefill_sample = Plan(dev, prefill_body + self.head_ops(1) + [sampler], "prefill+sample")
-        self.plan_decode = Plan(dev, decode_body + self.head_ops(1) + [sampler], "decode")
+        self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=True) + [sampler], "decode")
         self.plan_logits = Plan(dev, prefill_body + self.head_ops(PREFILL_TT), "logits")
 
     def set_state(self, pos: int, n: int, out_row0: int):
