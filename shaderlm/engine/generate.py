@@ -116,7 +116,7 @@ class Generator:
         prompt_ids = list(prompt_ids)
         if not prompt_ids:
             raise ValueError("empty prompt: give at least one token")
-        if len(prompt_ids) >= self.ctx:
+        if len(prompt_ids) > self.ctx:
             raise ContextFullError(f"prompt of {len(prompt_ids)} tokens does not fit the context of "
                                    f"{self.ctx} tokens (use --ctx to raise it, up to the model's "
                                    f"{self.m.cfg.context_length})")
@@ -146,11 +146,11 @@ class Generator:
                     if len(seq) - len(prompt_ids) >= max_tokens:
                         st.stop_reason = "length"
                         return
-                if pos + 1 >= self.ctx:
+                if pos >= self.ctx:             # the sampled token has no cache slot left
                     st.stop_reason = "context"
                     return
                 # feed the token at `pos` and sample k more on the GPU, in one submit
-                k = min(self.k, max_tokens - (len(seq) - len(prompt_ids)), self.ctx - 1 - pos)
+                k = min(self.k, max_tokens - (len(seq) - len(prompt_ids)), self.ctx - pos)
                 self.m.set_state(pos, 1, 0)
                 self.m.plan_decode.run(1, repeat=k)
                 st.submits += 1

