@@ -112,3 +112,47 @@ def _defaults(a):
 
 if __name__ == "__main__":
     sys.exit("use: shaderlm bench")
+
+
+def profile(args):
+    """`shaderlm profile`: GPU time per kernel over one decode step (and a prefill)."""
+    import shaderlm
+    from .gpu.profiler import summarize, time_dispatches
+    ctx = max(args.context + args.prefill + 8, 64)
+    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False)
+    net, gen = model.net, model.generator
+    ids = np.random.default_rng(0).integers(0, net.cfg.vocab_size, max(args.context, 1)).tolist()
+    gen._prefill(ids, 0, sample=True)
+    gen._read_tokens(len(ids), 1)
+    runs = []
+    for _ in range(args.r):
+        net.set_state(len(ids), 1, 0)
+        runs.append(time_dispatches(model.device, net.plan_decode, 1))
+    per = list(np.median(np.array(runs), axis=0))
+    _print_profile(f"decode step at position {len(ids)} ({model.device.name})", net.plan_decode, per)
+    if args.prefill:
+        net.set_state(0, args.prefill, args.prefill - 1)
+        per = time_dispatches(model.device, net.plan_prefill_sample, args.prefill)
+        _print_profile(f"prefill of {args.prefill} tokens", net.plan_prefill_sample, per)
+
+
+def _print_profile(title, plan, seconds):
+    from .gpu.profiler import summarize
+    total = sum(seconds)
+    print(f"{title}: {len(plan)} dispatches, GPU {total * 1e6:.1f} us"
+          + (f" (= {1 / total:.0f} tok/s if GPU-bound)" if total else ""))
+    print(f"{'kernel':>22} | {'calls':>5} | {'total us':>9} | {'share':>6} | {'GB/s':>7}")
+    for r in summarize(plan, seconds):
+        print(f"{r['kernel']:>22} | {r['calls']:>5} | {r['us']:>9.1f} | {100 * r['share']:>5.1f}% | "
+              f"{r['gbs']:>7.0f}")
+
+
+def add_profile_parser(sub):
+    p = sub.add_parser("profile", help="GPU time per kernel over one decode step (and a prefill)")
+    p.add_argument("--model", "-m")
+    p.add_argument("--device")
+    p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
+    p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
+    p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
+    p.set_defaults(fn=profile)
+    return p

@@ -169,8 +169,9 @@ def main(argv=None):
     p.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0 = all)")
     p.set_defaults(fn=cmd_perplexity)
 
-    from .bench import add_parser as add_bench
+    from .bench import add_parser as add_bench, add_profile_parser
     add_bench(sub)
+    add_profile_parser(sub)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF (real shapes, random weights)")
     p.add_argument("rest", nargs=argparse.REMAINDER)

@@ -30,7 +30,8 @@ def architectures():
 
 
 class Model:
-    def __init__(self, path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True):
+    def __init__(self, path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True,
+                 fuse=None):
         from .formats.gguf import GGUFFile
         from .formats.tokenizer import Tokenizer
         from .gpu.device import get_device
@@ -48,7 +49,7 @@ class Model:
         bar = _Progress(sum(t.n_bytes for t in self.gguf.tensors.values()), os.path.basename(self.path)) \
             if progress else None
         self.net = cls(self.device, self.gguf, self.config, ctx=ctx, batch=batch,
-                       progress=bar.update if bar else None)
+                       progress=bar.update if bar else None, fuse=fuse)
         if bar:
             bar.close()
         self.generator = Generator(self.net, tokens_per_submit)

@@ -70,10 +70,13 @@ def test_logits_match_reference(models, name):
     assert err <= _tol(ref), f"{name}: max |logit error| {err:.3g} > {_tol(ref):.3g}"
 
 
+@pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
 @pytest.mark.parametrize("name", ["llama-Q4_1", "llama-Q4_K_M", "qwen2-Q5_0"])
-def test_greedy_decode_matches_reference(models, name):
-    """Prefill + the fused decode path (N tokens per submit) against the reference's greedy run."""
-    path, m = models(name)
+def test_greedy_decode_matches_reference(models, name, fuse):
+    """Prefill + the decode path (N tokens per submit; with and without the decode fusions: norm in
+    GEMV, RoPE+KV store in attention, gate/up activation) against the reference, teacher-forced."""
+    path, m = models(name, fuse=fuse)
+    assert m.net.fuse == fuse
     prompt = _ids(m.config.vocab_size, 7, 1)
     got = m.generate_tokens(prompt, 20, temperature=0.0, stop_at_eos=False)
     margins, want = [], []

@@ -87,6 +87,10 @@ class Device:
         self.has_subgroups = "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
         self._pipelines: dict = {}
+        # Decode fusions trade redundant arithmetic for fewer dispatches: a win where a dispatch
+        # costs microseconds (GPUs), a loss on CPU adapters (lavapipe) where arithmetic is the cost.
+        fuse = os.environ.get("SHADERLM_FUSE")
+        self.prefer_fused = (fuse != "0") if fuse is not None else self.adapter.info["adapter_type"] != "CPU"
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
 
     @property

@@ -5,8 +5,13 @@ buffers that kernels read, so recording a step is only set_pipeline / set_bind_g
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Callable, Union
+
+from .backend import raw_compute_calls
+
+_RAW = None if os.environ.get("SHADERLM_NO_RAW_ENCODE") else raw_compute_calls()
 
 Grid = Union[tuple, Callable[[int], tuple]]
 
@@ -29,6 +34,7 @@ class Plan:
         self.device = device
         self.dispatches: list[Dispatch] = list(dispatches or [])
         self.name = name
+        self._raw: dict = {}          # n -> [(pipeline, bind group, x, y, z)] as C handles
 
     def add(self, d: Dispatch):
         self.dispatches.append(d)
@@ -41,12 +47,30 @@ class Plan:
         return len(self.dispatches)
 
     def encode(self, cpass, n: int = 1):
+        if _RAW is not None:
+            return self._encode_raw(cpass, n)
         for d in self.dispatches:
             x, y, z = d.workgroups(n)
             if x and y and z:
                 cpass.set_pipeline(d.pipeline)
                 cpass.set_bind_group(0, d.bind_group)
                 cpass.dispatch_workgroups(x, y, z)
+
+    def _encode_raw(self, cpass, n: int):
+        items = self._raw.get(n)
+        if items is None:
+            items = []
+            for d in self.dispatches:
+                x, y, z = d.workgroups(n)
+                if x and y and z:
+                    items.append((d.pipeline._internal, d.bind_group._internal, x, y, z))
+            self._raw[n] = items
+        set_pipeline, set_bind_group, dispatch, null = _RAW
+        p = cpass._internal
+        for pipe, bg, x, y, z in items:
+            set_pipeline(p, pipe)
+            set_bind_group(p, 0, bg, 0, null)
+            dispatch(p, x, y, z)
 
     def run(self, n: int = 1, repeat: int = 1, then=None):
         """Record `repeat` copies of the plan into one command buffer and submit once.

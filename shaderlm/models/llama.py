@@ -49,7 +49,7 @@ class Llama(Transformer):
         KV store into attention and the activation into the gate/up matmul: 5 dispatches a layer
         when Q/K/V and gate/up each share a type."""
         c, dev, L, st = self.cfg, self.dev, self.layers[i], self.state
-        decode = tt == 1
+        decode = tt == 1 and self.fuse
         qkv_w = c.q_dim + 2 * c.kv_dim
         out = []
         bias = L["qkv_bias"][0] if L["qkv_bias"] else None

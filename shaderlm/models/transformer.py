@@ -17,13 +17,14 @@ PREFILL_TT = 8          # tokens per matmul row tile in prefill (weights are deq
 
 class Transformer:
     def __init__(self, dev, gguf, config: ModelConfig, *, ctx: int | None = None, batch: int = 256,
-                 progress=None):
+                 progress=None, fuse: bool | None = None):
         self.dev = dev
         self.gguf = gguf
         self.cfg = config
         self.ctx = int(min(ctx or config.context_length, config.context_length) or 2048)
         self.batch = max(1, min(batch, self.ctx))
         self.progress = progress
+        self.fuse = dev.prefer_fused if fuse is None else fuse     # decode fusions (see Device)
         self.weights: dict[str, GPUWeight] = {}
         self.weight_bytes = 0
         self._alloc()
@@ -143,7 +144,7 @@ class Transformer:
         sampler = ops.sample(dev, self.logits, self.tokens, self.state, self.sample_params)
         self.plan_prefill = Plan(dev, prefill_body, "prefill")                   # layers only
         self.plan_prefill_sample = Plan(dev, prefill_body + self.head_ops(1) + [sampler], "prefill+sample")
-        self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=True) + [sampler], "decode")
+        self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=self.fuse) + [sampler], "decode")
         self.plan_logits = Plan(dev, prefill_body + self.head_ops(PREFILL_TT), "logits")
 
     def set_state(self, pos: int, n: int, out_row0: int):
