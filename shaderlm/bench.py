@@ -47,6 +47,11 @@ def bench_gen(model, n: int, reps: int) -> list[float]:
 def run(args):
     import shaderlm
     rows = []
+    if args.peak:
+        from .gpu.device import get_device
+        dev = get_device(args.device)
+        args.peak_gbs = peak_read_gbs(dev)
+        print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
     need = max(args.p + [0]) + max(args.n + [0]) + 8
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
@@ -98,6 +103,7 @@ def add_parser(sub):
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("--batch", type=int, default=512, help="prefill chunk")
     p.add_argument("--tokens-per-submit", type=int, default=8)
+    p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
     p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")
     p.add_argument("--json", action="store_true")
     p.set_defaults(fn=lambda a: run(_defaults(a)))
@@ -132,8 +138,9 @@ def profile(args):
     _print_profile(f"decode step at position {len(ids)} ({model.device.name})", net.plan_decode, per)
     if args.prefill:
         net.set_state(0, args.prefill, args.prefill - 1)
-        per = time_dispatches(model.device, net.plan_prefill_sample, args.prefill)
-        _print_profile(f"prefill of {args.prefill} tokens", net.plan_prefill_sample, per)
+        plan = net.prefill_plan(args.prefill, True)
+        per = time_dispatches(model.device, plan, args.prefill)
+        _print_profile(f"prefill of {args.prefill} tokens", plan, per)
 
 
 def _print_profile(title, plan, seconds):
@@ -156,3 +163,29 @@ def add_profile_parser(sub):
     p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
     p.set_defaults(fn=profile)
     return p
+
+
+def peak_read_gbs(dev, reps: int = 10) -> float:
+    """Streaming read bandwidth (GB/s) of a WGSL kernel over a buffer much larger than any cache."""
+    size = min(dev.max_binding, 1 << 30) // 16 * 16
+    src = dev.buffer(size)
+    dev.write(src, np.arange(min(size, 1 << 24) // 4, dtype=np.uint32))   # not all zeros
+    pipe = dev.pipeline("peak_read", UNROLL=4)
+    groups = 4096
+    out = dev.buffer(groups * 256 * 4)
+    bg = dev.bind_group(pipe, [src, out])
+    from .gpu.plan import Dispatch, Plan
+    plan = Plan(dev, [Dispatch(pipe, bg, (groups, 1, 1), label="peak_read", bytes=size)])
+    from .gpu.profiler import time_dispatches
+    plan.run(1)
+    dev.read(out, np.uint32, 0, 16)
+    if "timestamp-query-inside-passes" in dev.features:
+        times = [time_dispatches(dev, plan, 1)[0] for _ in range(reps)]
+    else:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            plan.run(1)
+            dev.read(out, np.uint32, 0, 16)
+            times.append(time.perf_counter() - t0)
+    return size / statistics.median(times) / 1e9

@@ -85,12 +85,9 @@ class Generator:
         for s in range(0, len(ids), B):
             n = min(B, len(ids) - s)
             last = s + n == len(ids)
-            if last and sample:
-                m.set_state(pos0 + s, n, n - 1)
-                m.plan_prefill_sample.run(n)
-            else:
-                m.set_state(pos0 + s, n, 0)
-                m.plan_prefill.run(n)
+            with_sample = last and sample
+            m.set_state(pos0 + s, n, n - 1 if with_sample else 0)
+            m.prefill_plan(n, with_sample).run(n)
             self.stats.submits += 1
 
     def logits(self, ids) -> np.ndarray:

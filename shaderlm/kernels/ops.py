@@ -48,13 +48,15 @@ def dequantize(dev, weight) -> np.ndarray:
 # Every op takes the shared `st` state buffer (State in state.wgsl: pos, n, tok, out_row0).
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
-           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False) -> list[Dispatch]:
+           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False,
+           tiled: bool = True) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (matmul.wgsl), which can also fold in the RMSNorm of x (`norm`: the
     norm weight buffer) and, for a [gate; up] weight, the gated activation (`glu`).
-    tt > 1: batched tokens, the 64x64-tiled GEMM (matmul_tiled.wgsl) when K allows."""
-    if tt > 1 and w.cols % 32 == 0:
+    tt > 1: batched tokens, the 64x64-tiled GEMM (matmul_tiled.wgsl) when K allows and `tiled`,
+    else the GEMV kernel taking tt tokens per pass over the weights (better for a few tokens)."""
+    if tt > 1 and tiled and w.cols % 32 == 0:
         if norm is not None or glu:
             raise ValueError("the tiled GEMM does not fuse norm/glu; run them as separate ops")
         return _matmul_tiled(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate,

@@ -61,7 +61,8 @@ class Llama(Transformer):
         row0 = 0
         for w in L["qkv"]:
             # all parts write into the one qkv buffer; a shared bias vector is indexed by output row
-            out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias, **norm)
+            out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias,
+                              tiled=self.tiled, **norm)
             row0 += w.rows
         attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, scale=1.0 / math.sqrt(c.head_dim))
         if decode:
@@ -72,7 +73,8 @@ class Llama(Transformer):
                                       n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim,
                                       rope_dim=c.rope_dim, neox=c.rope_neox))
             out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn))
-        out += ops.matmul(dev, L["wo"], self.attn, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
+        out += ops.matmul(dev, L["wo"], self.attn, self.x, st, tt=tt, y_stride=c.dim, accumulate=True,
+                          tiled=self.tiled)
         gu = L["gate_up"]
         if decode and len(gu) == 1 and len(gu[0].chunks) == 1:
             out += ops.matmul(dev, gu[0], self.x, self.h, st, tt=1, y_stride=c.ffn_dim, glu=True,
@@ -81,8 +83,10 @@ class Llama(Transformer):
             out.append(ops.rmsnorm(dev, self.x, L["ffn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
             row0 = 0
             for w in gu:
-                out += ops.matmul(dev, w, self.xn, self.gu, st, tt=tt, y_stride=2 * c.ffn_dim, row0=row0)
+                out += ops.matmul(dev, w, self.xn, self.gu, st, tt=tt, y_stride=2 * c.ffn_dim, row0=row0,
+                                  tiled=self.tiled)
                 row0 += w.rows
             out.append(ops.glu(dev, self.gu, self.h, st, ffn=c.ffn_dim))
-        out += ops.matmul(dev, L["down"], self.h, self.x, st, tt=tt, y_stride=c.dim, accumulate=True)
+        out += ops.matmul(dev, L["down"], self.h, self.x, st, tt=tt, y_stride=c.dim, accumulate=True,
+                          tiled=self.tiled)
         return out

@@ -12,7 +12,8 @@ from ..gpu.weights import GPUWeight, concat_rows, upload_weight
 from ..kernels import ops
 from .config import ModelConfig
 
-PREFILL_TT = 8          # tokens per matmul row tile in prefill (weights are dequantized once per tile)
+PREFILL_TT = 8          # tokens per pass of the GEMV kernel in short prefills
+SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of the 64x64 GEMM
 
 
 class Transformer:
@@ -134,18 +135,27 @@ class Transformer:
     def _build_plans(self):
         dev = self.dev
 
-        def body(tt):
+        def body(tt, tiled=True):
+            self.tiled = tiled
             out = self.embed_ops()
             for i in range(self.cfg.n_layers):
                 out += self.layer_ops(i, tt)
             return out
 
-        prefill_body, decode_body = body(PREFILL_TT), body(1)
+        long_body, short_body, decode_body = body(PREFILL_TT), body(PREFILL_TT, tiled=False), body(1)
+        self.tiled = True
         sampler = ops.sample(dev, self.logits, self.tokens, self.state, self.sample_params)
-        self.plan_prefill = Plan(dev, prefill_body, "prefill")                   # layers only
-        self.plan_prefill_sample = Plan(dev, prefill_body + self.head_ops(1) + [sampler], "prefill+sample")
+        head = self.head_ops(1)
+        self.plan_prefill = {False: Plan(dev, long_body, "prefill"),                 # layers only
+                             True: Plan(dev, short_body, "prefill-short")}
+        self.plan_prefill_sample = {False: Plan(dev, long_body + head + [sampler], "prefill+sample"),
+                                    True: Plan(dev, short_body + head + [sampler], "prefill-short+sample")}
         self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=self.fuse) + [sampler], "decode")
-        self.plan_logits = Plan(dev, prefill_body + self.head_ops(PREFILL_TT), "logits")
+        self.plan_logits = Plan(dev, long_body + self.head_ops(PREFILL_TT), "logits")
+
+    def prefill_plan(self, n: int, sample: bool) -> Plan:
+        plans = self.plan_prefill_sample if sample else self.plan_prefill
+        return plans[n <= SHORT_PREFILL]
 
     def set_state(self, pos: int, n: int, out_row0: int):
         self.dev.write(self.state, np.array([pos, n, pos, out_row0], np.uint32))
