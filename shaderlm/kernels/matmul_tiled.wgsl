@@ -17,8 +17,8 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, x_stride: u3
 #endif
 var<private> w_dbase: u32;
 
-var<workgroup> ws: array<f32, 2048>;   // [k][row], 32 x 64
-var<workgroup> xs: array<f32, 2048>;   // [k][token], 32 x 64
+var<workgroup> ws: array<vec4<f32>, 512>;   // [k][row / 4], 32 x 64 floats
+var<workgroup> xs: array<vec4<f32>, 512>;   // [k][token / 4]
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
@@ -49,15 +49,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             a = x[xi];
             b = x[xi + 1u];
         }
-        let o = lj * 8u * 64u + lr;
-        ws[o] = v.a.x; ws[o + 64u] = v.a.y; ws[o + 128u] = v.a.z; ws[o + 192u] = v.a.w;
-        ws[o + 256u] = v.b.x; ws[o + 320u] = v.b.y; ws[o + 384u] = v.b.z; ws[o + 448u] = v.b.w;
-        xs[o] = a.x; xs[o + 64u] = a.y; xs[o + 128u] = a.z; xs[o + 192u] = a.w;
-        xs[o + 256u] = b.x; xs[o + 320u] = b.y; xs[o + 384u] = b.z; xs[o + 448u] = b.w;
+        // element (k = 8 lj + e, row lr) lives in ws[k * 16 + lr / 4][lr % 4]
+        let o = lj * 8u * 16u + lr / 4u;
+        let c = lr % 4u;
+        ws[o][c] = v.a.x; ws[o + 16u][c] = v.a.y; ws[o + 32u][c] = v.a.z; ws[o + 48u][c] = v.a.w;
+        ws[o + 64u][c] = v.b.x; ws[o + 80u][c] = v.b.y; ws[o + 96u][c] = v.b.z; ws[o + 112u][c] = v.b.w;
+        xs[o][c] = a.x; xs[o + 16u][c] = a.y; xs[o + 32u][c] = a.z; xs[o + 48u][c] = a.w;
+        xs[o + 64u][c] = b.x; xs[o + 80u][c] = b.y; xs[o + 96u][c] = b.z; xs[o + 112u][c] = b.w;
         workgroupBarrier();
         for (var k = 0u; k < 32u; k++) {
-            let wr = vec4<f32>(ws[k * 64u + cr], ws[k * 64u + cr + 1u], ws[k * 64u + cr + 2u], ws[k * 64u + cr + 3u]);
-            let xt = vec4<f32>(xs[k * 64u + ct], xs[k * 64u + ct + 1u], xs[k * 64u + ct + 2u], xs[k * 64u + ct + 3u]);
+            let wr = ws[k * 16u + cr / 4u];
+            let xt = xs[k * 16u + ct / 4u];
             acc[0] += wr.x * xt;
             acc[1] += wr.y * xt;
             acc[2] += wr.z * xt;

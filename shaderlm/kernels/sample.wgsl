@@ -88,14 +88,16 @@ fn main(@builtin(local_invocation_index) li: u32) {
             }
         }
         // top-p threshold over what top-k kept
+        // (searched from 0: the answer need not share tk's bits; mass at tk always reaches `need`)
         var tp = tk;
         if (p.top_p < 1.0) {
             let need = p.top_p * mass_ge(li, tk, m);
+            tp = 0u;
             for (var b = 31; b >= 0; b--) {
                 let c = tp | (1u << u32(b));
-                let ok = mass_ge(li, c, m) >= need;
-                if (c >= tk && ok) { tp = c; }
+                if (mass_ge(li, c, m) >= need) { tp = c; }
             }
+            tp = max(tp, tk);
         }
         // draw: contiguous chunks per thread, prefix over threads, the owning thread walks its chunk
         let chunk = (p.vocab + WG - 1u) / WG;

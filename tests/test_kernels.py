@@ -1,0 +1,641 @@
+"""Every forward-pass kernel (shaderlm/kernels/ops.py) against an independent float64 NumPy reference,
+on random data with awkward sizes (row counts, dims and token counts that are not multiples of the
+workgroup or tile sizes), on the default device and on one without subgroups (workgroup-memory
+reductions).
+
+Tolerances (worst measured error / tolerance on lavapipe in brackets; failures print the worst offender):
+  matmul      |y - ref| <= 1e-5 * (sum_k |W[r,k] x[t,k]| + |y_old| + |bias|)   (f32 accumulation in any
+              order; W from gguf-py's dequantize, exact f32) [0.04]. Fused decode variants (RMSNorm of x,
+              gated activation): twice that, propagated through the norm / activation [0.003].
+  rmsnorm     |y - ref| <= 1e-5 * |ref|                                            [0.02]
+  embed       |x - ref| <= 2^-22 * (|ref| + max|row|) * scale: the scale multiply and a possible FMA in
+              the dequantization (d*q + m)                                         [0.11]
+  rope_store  angle error: the f32 turns product and the f32 inv_freq cost <= 2.4e-7 * pos rad, sin/cos
+              4e-6: |q' - ref| <= |pair| * (2.4e-7 * pos + 4e-6) [0.30]; cache values: that + 1 f16 ulp
+              (f32 -> f16 may round either way) [0.50: round to nearest]; untouched words bit-exact.
+  attention   K/V are f16 values the test writes (the reference uses the same values), so only f32
+              arithmetic differs: |o - ref| <= 2e-5 * max|V| [0.02]. Fused RoPE: plus the bound of q's
+              rotation error through the scores.
+  glu         |o - ref| <= 1e-5 * |ref| + 1e-6 * |g * u|                           [0.06]
+  sample      exact: argmax (lowest id on ties), membership in the top-k set and top-p nucleus, state
+              advance. Distributions: 400 draws per setting (2 fixed seeds x 200 consecutive positions,
+              one submit each; deterministic, so it cannot flake): every token's empirical frequency
+              within 4.5 sigma + 0.01 of the restricted, renormalized softmax (sigma = sqrt(p(1-p)/400))
+              and a chi-square (cells with >= 5 expected) below dof + 8 sqrt(2 dof) + 10.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+gguf = pytest.importorskip("gguf")
+from gguf import GGMLQuantizationType as GT  # noqa: E402
+from gguf import quants as gq  # noqa: E402
+
+from shaderlm.formats.quants import QUANT_TYPES  # noqa: E402
+from shaderlm.gpu.device import UNIFORM, Device, get_device, pack_params  # noqa: E402
+from shaderlm.gpu.plan import Plan  # noqa: E402
+from shaderlm.gpu.weights import upload_weight  # noqa: E402
+from shaderlm.kernels import ops  # noqa: E402
+
+POISON = np.uint32(0x7FC0DEAD)          # a NaN with a payload: "never written"
+CACHE_POISON = np.uint32(0xDEADBEEF)    # two finite halves, compared bit for bit
+
+
+# ---- devices -------------------------------------------------------------------------------------
+@pytest.fixture(scope="session", params=["default", "no_subgroups"])
+def dev(request):
+    if request.param == "default":
+        return get_device()
+    d = Device(subgroups=False)
+    assert not d.has_subgroups
+    return d
+
+
+# ---- helpers -------------------------------------------------------------------------------------
+def state(dev, pos=0, n=1, tok=0, out_row0=0):
+    return dev.upload(np.array([pos, n, tok, out_row0], np.uint32))
+
+
+def run(dev, dispatches, n, repeat=1):
+    ds = dispatches if isinstance(dispatches, list) else [dispatches]
+    Plan(dev, ds).run(n, repeat=repeat)
+
+
+def poisoned(shape) -> np.ndarray:
+    return np.full(shape, POISON, np.uint32).view(np.float32)
+
+
+def read_f32(dev, buf, shape):
+    return dev.read(buf, np.float32)[: int(np.prod(shape))].reshape(shape)
+
+
+def is_poison(a: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(a, np.float32).view(np.uint32) == POISON
+
+
+def assert_close(got, ref, tol, what):
+    got = np.asarray(got, np.float64)
+    err = np.abs(got - ref)
+    bad = ~(err <= tol)          # NaN counts as bad
+    if bad.any():
+        idx = tuple(np.argwhere(bad)[0])
+        worst = np.unravel_index(np.nanargmax(np.where(np.isfinite(err), err / np.maximum(tol, 1e-300), np.inf)),
+                                 err.shape)
+        pytest.fail(f"{what}: {bad.sum()} of {bad.size} out of tolerance; first at {idx}: got {got[idx]!r} "
+                    f"ref {ref[idx]!r} tol {np.broadcast_to(tol, err.shape)[idx]:.3g}; worst at {worst}: "
+                    f"got {got[worst]!r} ref {ref[worst]!r}")
+
+
+# ---- weights -------------------------------------------------------------------------------------
+QUANTIZE = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
+KQUANT_F16 = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+
+
+def make_weight(qtype: str, rows: int, cols: int, rng):
+    """(raw GGUF bytes rows x row_bytes, dequantized float64 rows x cols)."""
+    if qtype in QUANTIZE:
+        x = (rng.standard_normal((rows, cols)) * rng.uniform(0.2, 2.0, (rows, 1))).astype(np.float32)
+        x[:, : cols // 5] += 0.4                  # some blocks with a nonzero mean (min/offset paths)
+        raw = np.ascontiguousarray(gq.quantize(x, GT[qtype])).view(np.uint8).reshape(rows, -1)
+    else:                                         # K-quants: random valid blocks, moderate scales
+        q = QUANT_TYPES[qtype]
+        nb = rows * cols // q.block_elems
+        blocks = rng.integers(0, 256, (nb, q.block_bytes), dtype=np.uint8)
+        for off in KQUANT_F16[qtype]:
+            d = (rng.uniform(0.002, 0.02, nb) * rng.choice([-1, 1], nb)).astype(np.float16)
+            blocks[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
+        raw = blocks.reshape(rows, -1)
+    ref = np.asarray(gq.dequantize(raw, GT[qtype]), np.float32).reshape(rows, cols).astype(np.float64)
+    assert np.isfinite(ref).all()
+    return raw, ref
+
+
+def upload(dev, qtype, raw, rows, cols, max_binding=None):
+    return upload_weight(dev, "w", qtype, (rows, cols), np.ascontiguousarray(raw).reshape(-1), max_binding)
+
+
+# ---- matmul --------------------------------------------------------------------------------------
+MM_RTOL = 1e-5
+ALL_TYPES = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
+
+
+def k_for(qtype, i=0):
+    return ([256, 512] if QUANT_TYPES[qtype].block_elems == 256 else [96, 160])[i % 2]
+
+
+def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, row0=0, y_extra=0,
+                 first=None, max_binding=None, seed=0, n_chunks=None):
+    """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows."""
+    rng = np.random.default_rng(seed)
+    raw, W = make_weight(qtype, rows, K, rng)
+    if max_binding == "small":
+        max_binding = QUANT_TYPES[qtype].row_bytes(K) * 16          # 16-row chunks
+    w = upload(dev, qtype, raw, rows, K, max_binding)
+    if n_chunks is not None:
+        assert len(w.chunks) == n_chunks
+    m = n - (first or 0)                     # batch rows computed; x and y rows count from 0
+    x = rng.standard_normal((m, K)).astype(np.float32)
+    ys = row0 + rows + y_extra
+    y_rows = n + 1                           # one spare row past the batch: must stay untouched
+    y0 = rng.standard_normal((y_rows, ys)).astype(np.float32) if accumulate else poisoned((y_rows, ys))
+    b = rng.standard_normal(ys).astype(np.float32)
+    st = state(dev, pos=11, n=n, tok=3, out_row0=first or 0)
+    xb, yb = dev.upload(x), dev.upload(y0)
+    bb = dev.upload(b) if bias else None
+    ds = ops.matmul(dev, w, xb, yb, st, tt=tt, y_stride=ys, row0=row0, accumulate=accumulate, bias=bb,
+                    from_state_row=first is not None)
+    run(dev, ds, n)
+    got = read_f32(dev, yb, (y_rows, ys))
+
+    prod = x.astype(np.float64) @ W.T
+    ref = y0.astype(np.float64).copy()
+    sl = (slice(0, m), slice(row0, row0 + rows))
+    ref[sl] = (ref[sl] if accumulate else 0.0) + prod + (b[row0:row0 + rows] if bias else 0.0)
+    tol = np.zeros_like(ref)
+    tol[sl] = MM_RTOL * (np.abs(x.astype(np.float64)) @ np.abs(W).T
+                         + (np.abs(y0[sl]) if accumulate else 0) + (np.abs(b[row0:row0 + rows]) if bias else 0)) + 1e-30
+    what = f"matmul {qtype} {rows}x{K} n={n} tt={tt} first={first} row0={row0} chunks={len(w.chunks)}"
+    assert_close(got[sl], ref[sl], tol[sl], what)
+    # everything outside the written block is bit-identical to what was there
+    outside = np.ones(got.shape, bool)
+    outside[sl] = False
+    assert np.array_equal(got.view(np.uint32)[outside], y0.view(np.uint32)[outside]), \
+        f"{what}: wrote outside y[0:{m}, {row0}:{row0 + rows}]"
+
+
+@pytest.mark.parametrize("qtype", ALL_TYPES)
+@pytest.mark.parametrize("tt,n", [(1, 1), (1, 5), (8, 5), (8, 67)])
+def test_matmul_types(dev, qtype, tt, n):
+    """Decode GEMV (tt=1, one token or a grid of tokens) and the tiled GEMM (tt=8: one 64-token tile
+    and more than one), odd row counts, K from 96 to 512."""
+    i = ALL_TYPES.index(qtype) + n
+    rows = [37, 130][i % 2]
+    check_matmul(dev, qtype, rows, k_for(qtype, i), n, tt, seed=i)
+
+
+@pytest.mark.parametrize("qtype", ["F32", "F16", "BF16"])
+@pytest.mark.parametrize("n", [5, 67])
+def test_matmul_gemv_tt8(dev, qtype, n):
+    """K not a multiple of 32: tt=8 runs the GEMV with 8 tokens per workgroup (TT=8)."""
+    check_matmul(dev, qtype, 37, 40, n, 8, seed=n)
+    check_matmul(dev, qtype, 19, 40, n, 8, seed=n + 1, accumulate=True, bias=True, row0=3, y_extra=2)
+
+
+FEATURES = {
+    "accumulate": dict(accumulate=True),
+    "bias": dict(bias=True),
+    "row0_stride": dict(row0=5, y_extra=3),
+    "bias_row0": dict(bias=True, row0=7, y_extra=1),
+    "split": dict(max_binding="small", n_chunks=3),
+    "all": dict(accumulate=True, bias=True, row0=4, y_extra=2, max_binding="small", n_chunks=3),
+}
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_1", "Q4_K"])
+@pytest.mark.parametrize("feature", list(FEATURES))
+@pytest.mark.parametrize("tt,n", [(1, 3), (8, 67)])
+def test_matmul_features(dev, qtype, feature, tt, n):
+    check_matmul(dev, qtype, 37, k_for(qtype), n, tt, seed=len(feature), **FEATURES[feature])
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q4_1", "Q6_K"])
+@pytest.mark.parametrize("tt,n,first", [(1, 6, 5), (1, 6, 2), (8, 70, 3), (8, 9, 8)])
+def test_matmul_from_state_row(dev, qtype, tt, n, first):
+    """from_state_row: only batch rows [out_row0, n) are computed; x and y rows count from out_row0."""
+    check_matmul(dev, qtype, 37, k_for(qtype), n, tt, first=first, seed=n + first)
+    check_matmul(dev, qtype, 37, k_for(qtype), n, tt, first=first, seed=n + first + 1,
+                 accumulate=True, bias=True, row0=2, y_extra=1, max_binding="small", n_chunks=3)
+
+
+def rms(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(g):
+    e = np.exp(-np.abs(g))                   # overflow-free: g * sigmoid(g)
+    return g * np.where(g >= 0, 1.0 / (1.0 + e), e / (1.0 + e))
+
+
+def gelu(g):
+    return 0.5 * g * (1.0 + np.tanh(math.sqrt(2.0 / math.pi) * (g + 0.044715 * g ** 3)))
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0", "Q4_K"])
+@pytest.mark.parametrize("mode", ["norm", "glu", "glu_gelu", "norm_glu"])
+def test_matmul_fused_decode(dev, qtype, mode):
+    """The decode GEMV's fused variants: RMSNorm of x (NORM) and the gated activation (GLU)."""
+    rng = np.random.default_rng(len(mode))
+    K = k_for(qtype)
+    rows, n, eps = 37, 3, 1e-5
+    glu_, gelu_, norm_ = "glu" in mode, "gelu" in mode, "norm" in mode
+    raw, W = make_weight(qtype, 2 * rows if glu_ else rows, K, rng)
+    w = upload(dev, qtype, raw, W.shape[0], K)
+    x = (rng.standard_normal((n, K)) * 3 + 0.5).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    ys = rows + 2
+    y0 = poisoned((n + 1, ys))
+    st = state(dev, pos=0, n=n)
+    yb = dev.upload(y0)
+    ds = ops.matmul(dev, w, dev.upload(x), yb, st, tt=1, y_stride=ys, row0=1, glu=glu_, gelu=gelu_,
+                    norm=dev.upload(nw) if norm_ else None, eps=eps)
+    run(dev, ds, n)
+    got = read_f32(dev, yb, (n + 1, ys))
+    xin = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
+    if glu_:
+        g, u = xin @ W[:rows].T, xin @ W[rows:].T
+        tg, tu = np.abs(xin) @ np.abs(W[:rows]).T, np.abs(xin) @ np.abs(W[rows:]).T
+        ref = (gelu(g) if gelu_ else silu(g)) * u
+        # d act / dg <= 1.13 for both: error of g and u propagate linearly
+        tol = 2 * MM_RTOL * (1.2 * tg * np.abs(u) + np.abs(gelu(g) if gelu_ else silu(g)) * tu) \
+            + 1e-5 * np.abs(ref) + 1e-30
+    else:
+        ref = xin @ W.T
+        tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
+    assert_close(got[:n, 1:1 + rows], ref, tol, f"fused matmul {mode} {qtype}")
+    assert is_poison(got[n]).all() and is_poison(got[:, 0]).all() and is_poison(got[:, 1 + rows:]).all()
+
+
+# ---- rmsnorm -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dim,n,first", [(300, 5, None), (100, 3, None), (520, 7, 4), (300, 4, 3)])
+def test_rmsnorm(dev, dim, n, first):
+    rng = np.random.default_rng(dim + n)
+    eps = 1e-6
+    x = (rng.standard_normal((n, dim)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
+    w = rng.uniform(-2, 2, dim).astype(np.float32)
+    m = n - (first or 0)
+    yb = dev.upload(poisoned((n + 1, dim)))
+    st = state(dev, pos=4, n=n, tok=0, out_row0=first or 0)
+    run(dev, ops.rmsnorm(dev, dev.upload(x), dev.upload(w), yb, st, dim=dim, eps=eps,
+                         from_state_row=first is not None), n)
+    got = read_f32(dev, yb, (n + 1, dim))
+    x64 = x.astype(np.float64)[(first or 0):]
+    ref = rms(x64, w, eps)
+    assert_close(got[:m], ref, 1e-5 * np.abs(ref) + 1e-30, f"rmsnorm dim={dim} n={n} first={first}")
+    assert is_poison(got[m:]).all(), "rmsnorm wrote past the computed rows"
+
+
+# ---- embed ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize("qtype,dim,split", [("F32", 40, False), ("F16", 96, True), ("BF16", 40, True),
+                                              ("Q8_0", 96, False), ("Q8_0", 160, True), ("Q4_1", 96, True),
+                                              ("Q5_0", 160, True), ("Q4_K", 256, True), ("Q6_K", 256, True)])
+def test_embed(dev, qtype, dim, split):
+    rng = np.random.default_rng(dim + len(qtype))
+    vocab, n, tok0, scale = 53, 7, 5, 1.7
+    raw, E = make_weight(qtype, vocab, dim, rng)
+    mb = QUANT_TYPES[qtype].row_bytes(dim) * 8 if split else None
+    w = upload(dev, qtype, raw, vocab, dim, mb)
+    assert len(w.chunks) == (7 if split else 1)
+    ids = np.array([0, vocab - 1, 17, 17, 8, 9, 40], np.uint32)
+    tokens = np.full(tok0 + n + 3, 0xFFFFFFF0, np.uint32)       # out-of-range ids around the batch
+    tokens[tok0:tok0 + n] = ids
+    xb = dev.upload(poisoned((n + 1, dim)))
+    st = state(dev, pos=100, n=n, tok=tok0, out_row0=0)
+    run(dev, ops.embed(dev, w, dev.upload(tokens), xb, st, scale=scale), n)
+    got = read_f32(dev, xb, (n + 1, dim))
+    ref = E[ids] * np.float32(scale)
+    tol = 2.0 ** -22 * (np.abs(E[ids]) + np.abs(E).max(axis=1, keepdims=True)[ids]) * scale + 1e-30
+    assert_close(got[:n], ref, tol, f"embed {qtype} dim={dim} split={split}")
+    assert is_poison(got[n]).all(), "embed wrote past the batch"
+
+
+# ---- rope_store ----------------------------------------------------------------------------------
+def inv_freq_turns(rope_dim, base):
+    i = np.arange(rope_dim // 2, dtype=np.float64)
+    return base ** (-2.0 * i / rope_dim) / (2 * np.pi)
+
+
+def rope_ref(x, pos, rope_dim, base, neox):
+    """llama.cpp RoPE of x (..., hd) at position pos: theta_i = pos * base^(-2i/rope_dim); normal mode
+    rotates (2i, 2i+1), NEOX (i, i + rope_dim/2); dims >= rope_dim pass through. Also returns the
+    magnitude of each element's pair (0 for dims that are not rotated)."""
+    x = np.asarray(x, np.float64)
+    i = np.arange(rope_dim // 2)
+    th = pos * base ** (-2.0 * i / rope_dim)
+    a, b = (i, i + rope_dim // 2) if neox else (2 * i, 2 * i + 1)
+    out, mag = x.copy(), np.zeros_like(x)
+    x0, x1 = x[..., a], x[..., b]
+    out[..., a] = x0 * np.cos(th) - x1 * np.sin(th)
+    out[..., b] = x0 * np.sin(th) + x1 * np.cos(th)
+    mag[..., a] = mag[..., b] = np.hypot(x0, x1)
+    return out, mag
+
+
+def rope_tol(mag, pos):
+    return mag * (2.4e-7 * pos + 4e-6) + 1e-30
+
+
+def f16_ulp(v):
+    return np.spacing(np.abs(np.asarray(v, np.float64)).astype(np.float16)).astype(np.float64)
+
+
+@pytest.mark.parametrize("neox,rope_dim,hd,n_heads,n_kv,pos", [
+    (False, 64, 64, 4, 2, 3000), (True, 64, 64, 4, 2, 3000),
+    (False, 32, 64, 4, 2, 7), (True, 32, 64, 6, 2, 3000),
+    (False, 96, 128, 3, 1, 100), (True, 128, 128, 4, 4, 1),
+    (True, 256, 256, 2, 1, 2500), (False, 160, 256, 2, 2, 70)])
+def test_rope_store(dev, neox, rope_dim, hd, n_heads, n_kv, pos):
+    rng = np.random.default_rng(pos + hd)
+    n, base = 3, 10000.0
+    wd = (n_heads + 2 * n_kv) * hd
+    qkv = rng.standard_normal((n, wd)).astype(np.float32)
+    ctx = pos + n + 2
+    kc = dev.upload(np.full(ctx * n_kv * hd // 2, CACHE_POISON, np.uint32))
+    vc = dev.upload(np.full(ctx * n_kv * hd // 2, CACHE_POISON, np.uint32))
+    qb = dev.upload(qkv)
+    inv = dev.upload(inv_freq_turns(rope_dim, base).astype(np.float32))
+    st = state(dev, pos=pos, n=n, tok=9, out_row0=0)
+    run(dev, ops.rope_store(dev, qb, inv, kc, vc, st, n_heads=n_heads, n_kv=n_kv, head_dim=hd,
+                            rope_dim=rope_dim, neox=neox), n)
+    what = f"rope_store neox={neox} rope_dim={rope_dim} hd={hd} pos={pos}"
+    got_qkv = read_f32(dev, qb, (n, wd))
+    q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd)
+    k = qkv[:, n_heads * hd:(n_heads + n_kv) * hd].reshape(n, n_kv, hd)
+    v = qkv[:, (n_heads + n_kv) * hd:].reshape(n, n_kv, hd)
+    poss = (pos + np.arange(n))[:, None, None]
+    qr, qmag = rope_ref(q, poss, rope_dim, base, neox)
+    kr, kmag = rope_ref(k, poss, rope_dim, base, neox)
+    gq_ = got_qkv[:, : n_heads * hd].reshape(n, n_heads, hd)
+    assert_close(gq_, qr, rope_tol(qmag, pos + n), what + " (q)")
+    assert np.array_equal(gq_[..., rope_dim:], q[..., rope_dim:]), what + ": q dims past rope_dim changed"
+    assert np.array_equal(got_qkv[:, (n_heads + n_kv) * hd:], qkv[:, (n_heads + n_kv) * hd:]), \
+        what + ": v in qkv changed"
+    for name, buf, ref, mag in (("k", kc, kr, kmag), ("v", vc, v.astype(np.float64), np.zeros(v.shape))):
+        words = dev.read(buf, np.uint32)[: ctx * n_kv * hd // 2].reshape(ctx, n_kv * hd // 2)
+        other = np.ones(ctx, bool)
+        other[pos:pos + n] = False
+        assert (words[other] == CACHE_POISON).all(), f"{what}: {name} cache written outside [pos, pos+n)"
+        got = words[pos:pos + n].view(np.float16).reshape(n, n_kv, hd).astype(np.float64)
+        assert_close(got, ref, rope_tol(mag, pos + n) + f16_ulp(ref) + 1e-30, f"{what} ({name} cache)")
+
+
+# ---- attention -----------------------------------------------------------------------------------
+ATT_TOL = 2e-5
+F16_NAN = np.uint16(0x7E00)
+
+
+def attention_ref(q, K, V, pos, scale, window, softcap, n_heads, n_kv):
+    """q (n, H, hd), K/V (ctx, n_kv, hd): float64. Causal over positions [lo, pos + t]."""
+    n, H, hd = q.shape
+    out = np.zeros_like(q)
+    g = n_heads // n_kv
+    for t in range(n):
+        qp = pos + t
+        lo = max(0, qp + 1 - window) if window else 0
+        for h in range(H):
+            s = K[lo:qp + 1, h // g] @ q[t, h] * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
+            p = np.exp(s - s.max())
+            out[t, h] = (p / p.sum()) @ V[lo:qp + 1, h // g]
+    return out
+
+
+def attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale=1.0):
+    """Random qkv rows and f16 caches for positions [0, pos + n); positions never to be read are NaN."""
+    ctx = pos + n + 3
+    qkv = rng.standard_normal((n, (n_heads + 2 * n_kv) * hd)).astype(np.float32)
+    qkv[:, : n_heads * hd] *= qscale
+    K = (rng.standard_normal((ctx, n_kv, hd)) * 1.5).astype(np.float16)
+    V = (rng.standard_normal((ctx, n_kv, hd)) + rng.standard_normal((1, n_kv, hd))).astype(np.float16)
+    lo = max(0, pos + 1 - window) if window else 0          # first key any query row may read
+    for c in (K, V):
+        c.view(np.uint16)[pos + n:] = F16_NAN
+        c.view(np.uint16)[:lo] = F16_NAN
+    return qkv, K, V
+
+
+@pytest.mark.parametrize("hd,n_heads,n_kv,n,pos,window,softcap", [
+    (64, 4, 2, 3, 147, 0, 0.0),          # 150 keys: three 64-key tiles, GQA 2
+    (128, 6, 2, 4, 146, 0, 0.0),         # GQA 3
+    (64, 4, 4, 5, 0, 0, 0.0),            # first rows of a sequence (1..5 keys)
+    (64, 2, 1, 1, 0, 0, 0.0),            # a single key
+    (128, 4, 2, 3, 147, 40, 0.0),        # sliding window
+    (64, 4, 1, 3, 147, 100, 0.0),        # window over a tile boundary, GQA 4
+    (64, 4, 2, 3, 130, 0, 10.0),         # softcap
+    (128, 4, 2, 2, 140, 70, 5.0),        # both
+    (256, 2, 1, 2, 90, 0, 0.0),          # hd 256: two dims pairs per thread
+])
+def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
+    rng = np.random.default_rng(hd + pos + n)
+    scale = 1.0 / math.sqrt(hd)
+    qscale = 4.0 if softcap else 1.0                     # scores large enough for the cap to matter
+    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale)
+    out = dev.upload(poisoned((n + 1, n_heads * hd)))
+    st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
+    run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
+                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap), n)
+    got = read_f32(dev, out, (n + 1, n_heads * hd))
+    q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
+    Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
+    Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
+    ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv).reshape(n, -1)
+    tol = ATT_TOL * np.abs(Vf[: pos + n]).max()
+    assert_close(got[:n], ref, tol, f"attention hd={hd} H={n_heads}/{n_kv} n={n} pos={pos} "
+                                    f"window={window} softcap={softcap}")
+    assert is_poison(got[n]).all()
+
+
+@pytest.mark.parametrize("neox,rope_dim,hd,n_heads,n_kv,pos,window", [
+    (False, 64, 64, 4, 2, 149, 0), (True, 32, 64, 6, 2, 149, 0), (True, 128, 128, 4, 1, 70, 30),
+    (False, 96, 128, 2, 2, 0, 0)])
+def test_attention_fused_rope(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window):
+    """Decode attention with RoPE fused in: rotates q and the new K, stores the new K/V (f16) at pos,
+    and attends over the cache plus the new key."""
+    rng = np.random.default_rng(pos + hd + rope_dim)
+    base, scale, n = 10000.0, 1.0 / math.sqrt(hd), 1
+    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window)
+    for c in (K, V):                      # the new token's slot: must be written, never read
+        c.view(np.uint16)[pos] = F16_NAN
+    kb, vb = dev.upload(K), dev.upload(V)
+    out = dev.upload(poisoned((n + 1, n_heads * hd)))
+    st = state(dev, pos=pos, n=1, tok=0, out_row0=0)
+    inv = dev.upload(inv_freq_turns(rope_dim, base).astype(np.float32))
+    run(dev, ops.attention(dev, dev.upload(qkv), kb, vb, out, st, n_heads=n_heads, n_kv=n_kv, head_dim=hd,
+                           scale=scale, window=window, inv_freq=inv, rope_dim=rope_dim, neox=neox), 1)
+    what = f"fused attention neox={neox} rope_dim={rope_dim} hd={hd} pos={pos}"
+    gotK = dev.read(kb, np.float16)[: K.size].reshape(K.shape)
+    gotV = dev.read(vb, np.float16)[: V.size].reshape(V.shape)
+    other = np.arange(K.shape[0]) != pos
+    assert np.array_equal(gotK.view(np.uint16)[other], K.view(np.uint16)[other]), what + ": K cache elsewhere"
+    assert np.array_equal(gotV.view(np.uint16)[other], V.view(np.uint16)[other]), what + ": V cache elsewhere"
+    wd = n_heads * hd
+    q = qkv[0, :wd].reshape(n_heads, hd)
+    k = qkv[0, wd:wd + n_kv * hd].reshape(n_kv, hd)
+    v = qkv[0, wd + n_kv * hd:].reshape(n_kv, hd).astype(np.float64)
+    qr, qmag = rope_ref(q, pos, rope_dim, base, neox)
+    kr, kmag = rope_ref(k, pos, rope_dim, base, neox)
+    assert_close(gotK[pos], kr, rope_tol(kmag, pos + 1) + f16_ulp(kr), what + " (new K in cache)")
+    assert_close(gotV[pos], v, f16_ulp(v), what + " (new V in cache)")
+    # reference attention with the cache as the kernel left it (its own f16 rounding of the new K/V)
+    Kf = np.where(np.isnan(gotK), 0, gotK).astype(np.float64)
+    Vf = np.where(np.isnan(gotV), 0, gotV).astype(np.float64)
+    ref = attention_ref(qr[None], Kf, Vf, pos, scale, window, 0.0, n_heads, n_kv).reshape(1, -1)
+    # q's rotation error (angle <= ang) moves each score by <= scale |q| |k| ang, and the output by
+    # <= 2 max|V| times that
+    ang = 2.4e-7 * (pos + 1) + 4e-6
+    ds = scale * np.linalg.norm(q, axis=1).max() * np.linalg.norm(Kf[: pos + 1], axis=2).max() * ang
+    tol = np.abs(Vf[: pos + 1]).max() * (ATT_TOL + 2 * ds)
+    assert_close(read_f32(dev, out, (1, wd)), ref, tol, what)
+
+
+# ---- glu -----------------------------------------------------------------------------------------
+@pytest.mark.parametrize("gelu_", [False, True])
+@pytest.mark.parametrize("ffn,n", [(300, 3), (40, 5), (513, 2)])
+def test_glu(dev, gelu_, ffn, n):
+    rng = np.random.default_rng(ffn + n)
+    gu = (rng.standard_normal((n, 2 * ffn)) * 3).astype(np.float32)
+    gu[0, :8] = [-40, -12, -5, -1e-3, 0, 1e-3, 12, 40]          # tails and zero
+    ob = dev.upload(poisoned((n + 1, ffn)))
+    st = state(dev, pos=0, n=n)
+    run(dev, ops.glu(dev, dev.upload(gu), ob, st, ffn=ffn, gelu=gelu_), n)
+    got = read_f32(dev, ob, (n + 1, ffn))
+    g, u = gu[:, :ffn].astype(np.float64), gu[:, ffn:].astype(np.float64)
+    ref = (gelu(g) if gelu_ else silu(g)) * u
+    assert_close(got[:n], ref, 1e-5 * np.abs(ref) + 1e-6 * np.abs(g * u) + 1e-30,
+                 f"glu {'gelu' if gelu_ else 'silu'} ffn={ffn}")
+    assert is_poison(got[n]).all()
+
+
+# ---- sample --------------------------------------------------------------------------------------
+TOK_POISON = 0xABCDEF01
+
+
+def sampler(dev, logits, *, temperature=0.0, top_k=0, top_p=1.0, seed=0, ntok=64):
+    lb = dev.upload(np.asarray(logits, np.float32))
+    tb = dev.upload(np.full(ntok, TOK_POISON, np.uint32))
+    params = dev.upload(pack_params(*ops.sample_params(len(logits), temperature, top_k, top_p, seed)),
+                        usage=UNIFORM)
+    return lb, tb, params
+
+
+def draw(dev, logits, st_vals, *, repeat=1, ntok=64, **kw):
+    """Run the sampler `repeat` times in one submit from state st_vals; returns (tokens, final state)."""
+    lb, tb, params = sampler(dev, logits, ntok=ntok, **kw)
+    st = dev.upload(np.array(st_vals, np.uint32))
+    run(dev, ops.sample(dev, lb, tb, st, params), 1, repeat=repeat)
+    return dev.read(tb, np.uint32)[:ntok], dev.read(st, np.uint32)[:4]
+
+
+@pytest.mark.parametrize("vocab", [1000, 7, 769])
+def test_sample_greedy(dev, vocab):
+    rng = np.random.default_rng(vocab)
+    logits = rng.standard_normal(vocab).astype(np.float32) * 3 - 20       # all negative
+    top = float(logits.max()) + 1.5
+    ties = sorted(rng.choice(np.arange(1, vocab), min(3, vocab - 1), replace=False))
+    logits[ties] = top
+    toks, st = draw(dev, logits, (10, 3, 12, 2))
+    assert toks[15] == ties[0], f"argmax with ties at {ties}: got {toks[15]}"
+    assert list(st) == [13, 1, 15, 0], f"state not advanced: {list(st)}"
+    assert (np.delete(toks, 15) == TOK_POISON).all(), "sample wrote another token slot"
+    # unique max at the very end and at id 0; ties at 0
+    for where in ([vocab - 1], [0], [0, vocab - 1]):
+        lg = logits.copy()
+        lg[where] = top + 1
+        toks, _ = draw(dev, lg, (0, 1, 0, 0))
+        assert toks[1] == where[0], f"argmax {where}: got {toks[1]}"
+
+
+def kept_sets(logits, temperature, top_k, top_p):
+    """The tokens the sampler may pick (ties at a threshold stay in) and their renormalized probs."""
+    lg = np.asarray(logits, np.float64)
+    keep = np.ones(len(lg), bool)
+    if 0 < top_k < len(lg):
+        keep &= lg >= np.sort(lg)[::-1][top_k - 1]
+    p = np.where(keep, np.exp((lg - lg.max()) / temperature), 0.0)
+    if top_p < 1.0:
+        order = np.argsort(-lg, kind="stable")
+        cum = np.cumsum(p[order]) / p.sum()
+        m = int(np.searchsorted(cum, top_p)) + 1          # smallest prefix reaching top_p
+        keep &= lg >= lg[order[m - 1]]
+        p = np.where(keep, p, 0.0)
+    return keep, p / p.sum()
+
+
+def designed_logits(vocab=1000, seed=0):
+    """A few clear leaders at scattered ids over a low tail; no two logits within 0.05 of a top-k/p edge."""
+    rng = np.random.default_rng(seed)
+    lg = rng.uniform(-9.0, -4.0, vocab)
+    lead = [3.0, 2.5, 2.0, 1.5, 1.1, 0.6, 0.0, -0.7, -1.5, -2.4]
+    ids = rng.choice(vocab, len(lead), replace=False)
+    lg[ids] = lead
+    return lg.astype(np.float32), ids
+
+
+SAMPLE_CASES = {
+    # name: (temperature, top_k, top_p)
+    "T1": (1.0, 0, 1.0),
+    "T0.7_topk5": (0.7, 5, 1.0),
+    "T0.25_topk3": (0.25, 3, 1.0),          # temperature matters: p = .87/.12/.02 (at T=1: .51/.31/.19)
+    "T1.3_topp0.8": (1.3, 0, 0.8),
+    # top-p inside top-k, with the nucleus edge (2.5) sharing no bit pattern with the top-k edge (1.5):
+    # the nucleus is {3.0, 2.5}; the logit 2.0 lies between the two thresholds and must never be drawn
+    "T1_topk4_topp0.6": (1.0, 4, 0.6),
+    "T1_topk8_topp0.75": (1.0, 8, 0.75),
+    "T0.5_topk50_topp0.9": (0.5, 50, 0.9),
+}
+
+
+@pytest.mark.parametrize("case", list(SAMPLE_CASES))
+def test_sample_distribution(dev, case):
+    """Every draw lies in the allowed set; frequencies match the restricted, renormalized softmax."""
+    temperature, top_k, top_p = SAMPLE_CASES[case]
+    logits, _ = designed_logits(seed=len(case))
+    keep, prob = kept_sets(logits, temperature, top_k, top_p)
+    i = list(SAMPLE_CASES).index(case)
+    N, seeds = 400, (1 + 2 * i, 2 + 2 * i)                # two seeds, 200 positions each
+    per = N // len(seeds)
+    counts = np.zeros(len(logits))
+    for seed in seeds:
+        toks, st = draw(dev, logits, (17, 1, 0, 0), repeat=per, ntok=per + 2, temperature=temperature,
+                        top_k=top_k, top_p=top_p, seed=seed)
+        drawn = toks[1:per + 1]
+        assert list(st) == [17 + per, 1, per, 0]
+        assert (drawn < len(logits)).all(), f"token ids out of range: {drawn[drawn >= len(logits)]}"
+        outside = ~keep[drawn]
+        assert not outside.any(), (
+            f"{case}: {outside.sum()} of {len(drawn)} draws outside the allowed set ({keep.sum()} tokens); "
+            f"e.g. id {drawn[outside][0]} logit {logits[drawn[outside][0]]}; allowed logits "
+            f"{sorted(logits[keep].tolist(), reverse=True)[:10]}")
+        counts += np.bincount(drawn, minlength=len(logits))
+    freq = counts / N
+    bound = 4.5 * np.sqrt(prob * (1 - prob) / N) + 0.01
+    worst = int(np.argmax(np.abs(freq - prob) - bound))
+    assert np.abs(freq[worst] - prob[worst]) <= bound[worst], \
+        f"{case}: token {worst}: freq {freq[worst]:.3f} vs p {prob[worst]:.3f} (bound {bound[worst]:.3f})"
+    big = prob * N >= 5
+    exp_ = np.append(prob[big] * N, N - prob[big].sum() * N)
+    obs = np.append(counts[big], N - counts[big].sum())
+    if exp_[-1] < 5:
+        exp_, obs = exp_[:-1], obs[:-1]
+    chi2 = float((((obs - exp_) ** 2) / np.maximum(exp_, 1e-9)).sum())
+    dof = max(len(exp_) - 1, 1)
+    assert chi2 < dof + 8 * math.sqrt(2 * dof) + 10, f"{case}: chi2 {chi2:.1f} with {dof} dof"
+
+
+def test_sample_topk_topp_random(dev):
+    """Random (undesigned) logits: every draw inside the top-k set and inside the top-p nucleus."""
+    rng = np.random.default_rng(5)
+    for trial, (top_k, top_p, T) in enumerate([(200, 0.8, 1.5), (40, 0.9, 1.0), (10, 0.5, 0.8)]):
+        logits = (rng.standard_normal(1000) * 2).astype(np.float32)
+        keep, _ = kept_sets(logits, T, top_k, top_p)
+        toks, _ = draw(dev, logits, (3, 1, 0, 0), repeat=200, ntok=202, temperature=T, top_k=top_k,
+                       top_p=top_p, seed=100 + trial)
+        drawn = toks[1:201]
+        bad = ~keep[drawn]
+        assert not bad.any(), (f"trial {trial} (top_k {top_k}, top_p {top_p}, T {T}): {bad.sum()} of 200 draws "
+                               f"outside the nucleus ({keep.sum()} tokens), e.g. id {drawn[bad][0]}")
+
+
+def test_sample_seed_determinism(dev):
+    logits, _ = designed_logits(seed=9)
+    got = {}
+    for seed in range(12):
+        a, _ = draw(dev, logits, (40, 2, 5, 1), temperature=1.5, seed=seed)
+        b, _ = draw(dev, logits, (40, 2, 5, 1), temperature=1.5, seed=seed)
+        assert a[7] == b[7], f"seed {seed}: {a[7]} then {b[7]}"
+        assert (np.delete(a, 7) == TOK_POISON).all()
+        got[seed] = int(a[7])
+    assert len(set(got.values())) > 1, f"12 seeds all drew the same token: {got}"
