@@ -123,6 +123,15 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     RoPE to q and the new K and stores the new K/V, replacing rope_store."""
     wg = 64
     fused = inv_freq is not None
+    if fused and dev.has_subgroups:
+        # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims)
+        sgs = dev.subgroup_size
+        wg = 256 if sgs >= 16 else 16 * sgs
+        pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
+                            MAXSG=wg // sgs, NEOX=neox)
+        params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
+        bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
+        return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode")
     pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
