@@ -63,6 +63,9 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
                              bias=bias, from_state_row=from_state_row)
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
+    if tt == 1 and dev.has_subgroups and w.qtype.name in GEMV_TYPES:
+        return _gemv(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+                     from_state_row=from_state_row, norm=norm, eps=eps, glu=glu, gelu=gelu)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
@@ -77,6 +80,28 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         gx = min(cdiv(rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
+GEMV_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")   # have a kernels/gemv/<type>.wgsl
+GEMV_ROWS = 2                                         # rows per subgroup (x loaded once for all)
+
+
+def _gemv(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row, norm, eps, glu, gelu):
+    wg = 256
+    rows_per_wg = (wg // dev.subgroup_size) * GEMV_ROWS
+    pipe = dev.pipeline("gemv", QTYPE=w.qtype.name.lower(), R=GEMV_ROWS, WG=wg, BIAS=bias is not None,
+                        ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu)
+    lim = int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
+    out = []
+    for c in w.chunks:
+        rows = c.rows // 2 if glu else c.rows
+        params = dev.uniform(w.cols, rows, row0 + c.row0, c.dbase, y_stride, w.cols, int(from_state_row),
+                             float(eps))
+        bg = dev.bind_group(pipe, [params, st, c.buffer, x, y, bias, norm, c.buffer])
+        gx = min(cdiv(rows, rows_per_wg), lim)
+        out.append(Dispatch(pipe, bg, lambda n, gx=gx: (gx, n), label=f"gemv.{w.qtype.name}",
+                            bytes=c.buffer.size))
     return out
 
 
@@ -153,3 +178,27 @@ def sample(dev, logits, tokens, st, params) -> Dispatch:
 
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0) -> tuple:
     return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, 0, 0, 0)
+
+
+# ---- Qwen3 / Gemma 3 ------------------------------------------------------------------------------
+def head_norm(dev, qkv, q_w, k_w, st, *, n_heads: int, n_kv: int, head_dim: int, eps: float) -> Dispatch:
+    """Per-head RMSNorm of every Q and K head of every token, in place in the qkv rows (before RoPE)."""
+    wg = 64
+    pipe = dev.pipeline("head_norm", WG=wg)
+    bg = dev.bind_group(pipe, [dev.uniform(n_heads, n_kv, head_dim, float(eps)), st, qkv, q_w, k_w])
+    return Dispatch(pipe, bg, lambda n: (n_heads + n_kv, n), label="head_norm")
+
+
+def add_rmsnorm(dev, y, w, x, st, *, dim: int, eps: float, next_w=None, xn=None) -> Dispatch:
+    """x[t] += rmsnorm(y[t]) * w; with next_w, also xn[t] = rmsnorm(x[t]) * next_w (the next pre-norm)."""
+    nxt = next_w is not None
+    pipe = dev.pipeline("add_rmsnorm", WG=WG, NEXT=nxt)
+    res = [dev.uniform(dim, 0, float(eps), 0), st, y, w, x] + ([next_w, xn] if nxt else [])
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="add_rmsnorm")
+
+
+def softcap(dev, logits, st, *, vocab: int, cap: float) -> Dispatch:
+    """logits = cap * tanh(logits / cap) over this batch's logit rows (from st.out_row0)."""
+    pipe = dev.pipeline("softcap")
+    bg = dev.bind_group(pipe, [dev.uniform(vocab, 0, float(cap), 0), st, logits])
+    return Dispatch(pipe, bg, lambda n: (cdiv(vocab, 256), n), label="softcap")
