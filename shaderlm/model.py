@@ -25,8 +25,10 @@ def default_model_path() -> str:
 
 
 def architectures():
+    from .models.gemma3 import Gemma3
     from .models.llama import Llama
-    return {"llama": Llama, "mistral": Llama, "qwen2": Llama}
+    from .models.qwen3 import Qwen3
+    return {"llama": Llama, "mistral": Llama, "qwen2": Llama, "qwen3": Qwen3, "gemma3": Gemma3}
 
 
 class Model:

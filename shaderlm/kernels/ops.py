@@ -63,9 +63,6 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
                              bias=bias, from_state_row=from_state_row)
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
-    if tt == 1 and dev.has_subgroups and w.qtype.name in GEMV_TYPES:
-        return _gemv(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
-                     from_state_row=from_state_row, norm=norm, eps=eps, glu=glu, gelu=gelu)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
@@ -80,28 +77,6 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         gx = min(cdiv(rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
-    return out
-
-
-GEMV_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K")   # have a kernels/gemv/<type>.wgsl
-GEMV_ROWS = 2                                         # rows per subgroup (x loaded once for all)
-
-
-def _gemv(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row, norm, eps, glu, gelu):
-    wg = 256
-    rows_per_wg = (wg // dev.subgroup_size) * GEMV_ROWS
-    pipe = dev.pipeline("gemv", QTYPE=w.qtype.name.lower(), R=GEMV_ROWS, WG=wg, BIAS=bias is not None,
-                        ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu)
-    lim = int(dev.limits.get("max-compute-workgroups-per-dimension", 65535))
-    out = []
-    for c in w.chunks:
-        rows = c.rows // 2 if glu else c.rows
-        params = dev.uniform(w.cols, rows, row0 + c.row0, c.dbase, y_stride, w.cols, int(from_state_row),
-                             float(eps))
-        bg = dev.bind_group(pipe, [params, st, c.buffer, x, y, bias, norm, c.buffer])
-        gx = min(cdiv(rows, rows_per_wg), lim)
-        out.append(Dispatch(pipe, bg, lambda n, gx=gx: (gx, n), label=f"gemv.{w.qtype.name}",
-                            bytes=c.buffer.size))
     return out
 
 

@@ -44,6 +44,10 @@ class Llama(Transformer):
                 for b, s in zip(parts, sizes)]
         return self.dev.upload(np.concatenate(vals), label="qkv_bias")
 
+    def qkv_ops(self, i: int, tt: int) -> list:
+        """Hook: dispatches on the projected qkv rows before RoPE (Qwen3's per-head Q/K norm)."""
+        return []
+
     def layer_ops(self, i: int, tt: int) -> list:
         """One layer's dispatches. Decode (tt == 1) folds the norms into the matmuls, RoPE and the
         KV store into attention and the activation into the gate/up matmul: 5 dispatches a layer
@@ -64,6 +68,7 @@ class Llama(Transformer):
             out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias,
                               tiled=self.tiled, **norm)
             row0 += w.rows
+        out += self.qkv_ops(i, tt)
         attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, scale=1.0 / math.sqrt(c.head_dim))
         if decode:
             out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn,

@@ -99,11 +99,14 @@ class Transformer:
         self.sample_params = dev.buffer(32, UNIFORM, "sample_params")
         self.inv_freq = dev.upload(self.rope_inv_freq().astype(np.float32), label="inv_freq")
 
-    def rope_inv_freq(self) -> np.ndarray:
-        """Rotations per position per pair, in turns (divided by 2 pi): what rope_store reads."""
+    def rope_inv_freq(self, base: float | None = None, scale: float | None = None) -> np.ndarray:
+        """Rotations per position per pair, in turns (divided by 2 pi): what rope_store reads.
+        base/scale default to the config's (Gemma 3's local layers pass their own)."""
         c = self.cfg
+        base = c.rope_base if base is None else base
+        scale = c.rope_scale if scale is None else scale
         i = np.arange(c.rope_dim // 2, dtype=np.float64)
-        freq = c.rope_base ** (-2.0 * i / c.rope_dim) / c.rope_scale
+        freq = base ** (-2.0 * i / c.rope_dim) / scale
         factors = self.tensor("rope_freqs.weight", required=False)
         if factors is not None:
             freq = freq / np.frombuffer(factors.data, np.float32)[: len(freq)].astype(np.float64)
