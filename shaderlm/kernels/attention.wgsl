@@ -8,7 +8,9 @@
 #include reduce
 #include state
 
-struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, _b: u32 }
+// zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
+// (seen on NVIDIA: the new K/V kept f32 precision while the cache held f16)
+struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, zero: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
@@ -73,7 +75,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var j = li; j < half_hd; j += {{WG}}u) {
         let kp = pack2x16float(vec2<f32>(kcur[2u * j], kcur[2u * j + 1u]));
         let vp = pack2x16float(vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]));
-        let kr = unpack2x16float(kp); let vr = unpack2x16float(vp);
+        let kr = unpack2x16float(kp ^ p.zero); let vr = unpack2x16float(vp ^ p.zero);
         kcur[2u * j] = kr.x; kcur[2u * j + 1u] = kr.y; vcur[2u * j] = vr.x; vcur[2u * j + 1u] = vr.y;
         if (h % (p.n_heads / p.n_kv) == 0u) {
             kc[(qpos * p.n_kv + kvh) * half_hd + j] = kp;

@@ -7,7 +7,9 @@
 // the subgroups are merged through workgroup memory at the end.
 #include state
 
-struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, _b: u32 }
+// zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
+// (seen on NVIDIA: the new K/V kept f32 precision while the cache held f16)
+struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, zero: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> qkv: array<f32>;
@@ -71,7 +73,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             kc[(qpos * p.n_kv + kvh) * half_hd + j] = kp;
             vc[(qpos * p.n_kv + kvh) * half_hd + j] = vp;
         }
-        let kr = unpack2x16float(kp); let vr = unpack2x16float(vp);
+        let kr = unpack2x16float(kp ^ p.zero); let vr = unpack2x16float(vp ^ p.zero);
         kcur[2u * j] = kr.x; kcur[2u * j + 1u] = kr.y; vcur[2u * j] = vr.x; vcur[2u * j + 1u] = vr.y;
     }
     workgroupBarrier();
@@ -89,27 +91,31 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var acc: array<vec2<f32>, PAIRS>;
     // keys before qpos come from the cache; qpos itself from kcur / vcur
     for (var k0 = k_lo + sg * UNROLL; k0 <= qpos; k0 += nsg * UNROLL) {
-        var s: array<f32, UNROLL>;
+        // load K and V of UNROLL keys first, so one memory round trip serves the whole step
+        var kv: array<vec2<f32>, UNROLL * PAIRS>;
+        var vv: array<vec2<f32>, UNROLL * PAIRS>;
         for (var u = 0u; u < UNROLL; u++) {
             let key = k0 + u;
-            var d = 0.0;
-            if (key < qpos) {
-                let base = (key * p.n_kv + kvh) * half_hd;
-                for (var c = 0u; c < PAIRS; c++) {
-                    let j = lane + c * lanes;
-                    if (j < half_hd) { d += dot(q[c], unpack2x16float(kc[base + j])); }
-                }
-            } else if (key == qpos) {
-                for (var c = 0u; c < PAIRS; c++) {
-                    let j = lane + c * lanes;
-                    if (j < half_hd) { d += dot(q[c], vec2<f32>(kcur[2u * j], kcur[2u * j + 1u])); }
+            let base = (min(key, qpos) * p.n_kv + kvh) * half_hd;
+            for (var c = 0u; c < PAIRS; c++) {
+                let j = lane + c * lanes;
+                if (j < half_hd) {
+                    if (key < qpos) {
+                        kv[u * PAIRS + c] = unpack2x16float(kc[base + j]);
+                        vv[u * PAIRS + c] = unpack2x16float(vc[base + j]);
+                    } else {
+                        kv[u * PAIRS + c] = vec2<f32>(kcur[2u * j], kcur[2u * j + 1u]);
+                        vv[u * PAIRS + c] = vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]);
+                    }
                 }
             }
-            s[u] = subgroupAdd(d);
         }
+        var s: array<f32, UNROLL>;
         var mt = m;
         for (var u = 0u; u < UNROLL; u++) {
-            var sc = s[u];
+            var d = 0.0;
+            for (var c = 0u; c < PAIRS; c++) { d += dot(q[c], kv[u * PAIRS + c]); }
+            var sc = subgroupAdd(d);
             if (p.softcap > 0.0) { sc = p.softcap * tanh(clamp(sc / p.softcap, -15.0, 15.0)); }
             s[u] = select(-3.0e38, sc, k0 + u <= qpos);
             mt = max(mt, s[u]);
@@ -118,20 +124,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         l *= corr;
         for (var c = 0u; c < PAIRS; c++) { acc[c] *= corr; }
         for (var u = 0u; u < UNROLL; u++) {
-            let key = k0 + u;
-            if (key > qpos) { break; }
-            let e = exp(s[u] - mt);
+            let e = select(0.0, exp(s[u] - mt), k0 + u <= qpos);
             l += e;
-            let base = (key * p.n_kv + kvh) * half_hd;
-            for (var c = 0u; c < PAIRS; c++) {
-                let j = lane + c * lanes;
-                if (j < half_hd) {
-                    var v: vec2<f32>;
-                    if (key == qpos) { v = vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]); }
-                    else { v = unpack2x16float(vc[base + j]); }
-                    acc[c] += e * v;
-                }
-            }
+            for (var c = 0u; c < PAIRS; c++) { acc[c] += e * vv[u * PAIRS + c]; }
         }
         m = mt;
     }
