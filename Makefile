@@ -3,7 +3,7 @@
 # installed) Mesa's drivers, which include lavapipe, a software Vulkan for machines with no GPU.
 VENV ?= .venv
 PY := $(VENV)/bin/python
-PROMPT ?= Write a haiku about graphics cards.
+PROMPT ?= Explain in two sentences why the sky is blue.
 
 .PHONY: run test vulkan clean
 
