@@ -22,20 +22,7 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 var<workgroup> kcur: array<f32, {{HD}}>;
 var<workgroup> vcur: array<f32, {{HD}}>;
 
-fn pair_index(i: u32) -> vec2<u32> {
-#if NEOX
-    return vec2<u32>(i, i + p.rope_dim / 2u);
-#else
-    return vec2<u32>(2u * i, 2u * i + 1u);
-#endif
-}
-
-// rotate pair i of v (workgroup array) by position pos
-fn rot(i: u32, pos: u32) -> vec2<f32> {
-    let turns = f32(pos) * inv_freq[i];
-    let a = (turns - floor(turns)) * 6.283185307179586;
-    return vec2<f32>(cos(a), sin(a));
-}
+#include rope
 #else
 @group(0) @binding(3) var<storage, read> kc: array<u32>;
 @group(0) @binding(4) var<storage, read> vc: array<u32>;
@@ -63,7 +50,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = li; i < hd; i += {{WG}}u) { kcur[i] = qkv[ko + i]; vcur[i] = qkv[vo + i]; }
     workgroupBarrier();
     for (var i = li; i < p.rope_dim / 2u; i += {{WG}}u) {
-        let cs = rot(i, qpos);
+        let cs = rope_cs(i, qpos);
         let ix = pair_index(i);
         let q0 = q[ix.x]; let q1 = q[ix.y];
         q[ix.x] = q0 * cs.x - q1 * cs.y; q[ix.y] = q0 * cs.y + q1 * cs.x;

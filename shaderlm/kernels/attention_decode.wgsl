@@ -29,13 +29,7 @@ var<workgroup> sg_m: array<f32, MAXSG>;
 var<workgroup> sg_l: array<f32, MAXSG>;
 var<workgroup> sg_acc: array<vec2<f32>, MAXSG * HD / 2u>;
 
-fn pair_index(i: u32) -> vec2<u32> {
-#if NEOX
-    return vec2<u32>(i, i + p.rope_dim / 2u);
-#else
-    return vec2<u32>(2u * i, 2u * i + 1u);
-#endif
-}
+#include rope
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
@@ -54,15 +48,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     for (var i = li; i < p.rope_dim / 2u; i += {{WG}}u) {
-        let turns = f32(qpos) * inv_freq[i];
-        let a = (turns - floor(turns)) * 6.283185307179586;
-        let c = cos(a);
-        let s = sin(a);
+        let cs = rope_cs(i, qpos);
         let ix = pair_index(i);
         let q0 = qs[ix.x]; let q1 = qs[ix.y];
-        qs[ix.x] = q0 * c - q1 * s; qs[ix.y] = q0 * s + q1 * c;
+        qs[ix.x] = q0 * cs.x - q1 * cs.y; qs[ix.y] = q0 * cs.y + q1 * cs.x;
         let k0 = kcur[ix.x]; let k1 = kcur[ix.y];
-        kcur[ix.x] = k0 * c - k1 * s; kcur[ix.y] = k0 * s + k1 * c;
+        kcur[ix.x] = k0 * cs.x - k1 * cs.y; kcur[ix.y] = k0 * cs.y + k1 * cs.x;
     }
     workgroupBarrier();
     let store = h % (p.n_heads / p.n_kv) == 0u;

@@ -24,3 +24,16 @@ fn split_d(blk: u32) -> f32 {
 fn byte_at(base: u32, i: u32) -> u32 {
     return (w[base + (i >> 2u)] >> ((i & 3u) * 8u)) & 255u;
 }
+
+// Q4_K / Q5_K packed 6-bit scales and mins.
+// ggml get_scale_min_k4 on the scale words a (bytes 0-3), b (4-7), c (8-11):
+//   s < 4:  sc = byte s & 63,                       mn = byte s+4 & 63
+//   s >= 4: sc = (byte s+4 & 15) | (byte s-4 >> 6) << 4,   mn = (byte s+4 >> 4) | (byte s >> 6) << 4
+// Returns vec2(sc, mn).
+fn k4_scale_min(a: u32, b: u32, c: u32, s: u32) -> vec2<u32> {
+    let sh = (s & 3u) * 8u;
+    let lo = vec2<u32>((a >> sh) & 63u, (b >> sh) & 63u);
+    let hi = vec2<u32>(((c >> sh) & 15u) | ((a >> (sh + 2u)) & 0x30u),
+                       ((c >> (sh + 4u)) & 15u) | ((b >> (sh + 2u)) & 0x30u));
+    return select(hi, lo, s < 4u);
+}

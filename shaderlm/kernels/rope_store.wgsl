@@ -1,6 +1,5 @@
 // RoPE on Q (in place) and K, then K and V into the f16 KV cache at their positions.
 // qkv rows: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]. Cache rows: pos -> n_kv*hd halves packed in u32.
-// NEOX rotates pairs (i, i + rd/2), normal mode pairs (2i, 2i+1) - llama.cpp's two RoPE types.
 #include state
 
 struct P { n_heads: u32, n_kv: u32, hd: u32, rope_dim: u32 }
@@ -11,24 +10,14 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, rope_dim: u32 }
 @group(0) @binding(4) var<storage, read_write> kc: array<u32>;
 @group(0) @binding(5) var<storage, read_write> vc: array<u32>;
 
-fn pair_index(i: u32) -> vec2<u32> {
-#if NEOX
-    return vec2<u32>(i, i + p.rope_dim / 2u);
-#else
-    return vec2<u32>(2u * i, 2u * i + 1u);
-#endif
-}
+#include rope
 
 fn rotate(base: u32, i: u32, pos: u32) -> vec2<f32> {
-    // angle = pos * inv_freq, reduced in turns first so sin/cos see a small argument
-    let turns = f32(pos) * inv_freq[i];
-    let a = (turns - floor(turns)) * 6.283185307179586;
-    let c = cos(a);
-    let s = sin(a);
+    let cs = rope_cs(i, pos);
     let ix = pair_index(i);
     let x0 = qkv[base + ix.x];
     let x1 = qkv[base + ix.y];
-    return vec2<f32>(x0 * c - x1 * s, x0 * s + x1 * c);
+    return vec2<f32>(x0 * cs.x - x1 * cs.y, x0 * cs.y + x1 * cs.x);
 }
 
 @compute @workgroup_size(64)

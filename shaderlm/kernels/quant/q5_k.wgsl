@@ -6,14 +6,6 @@
 const QK: u32 = 256u;
 const QW: u32 = 44u;
 
-fn k4_scale_min(a: u32, b: u32, c: u32, s: u32) -> vec2<u32> {
-    let sh = (s & 3u) * 8u;
-    let lo = vec2<u32>((a >> sh) & 63u, (b >> sh) & 63u);
-    let hi = vec2<u32>(((c >> sh) & 15u) | ((a >> (sh + 2u)) & 0x30u),
-                       ((c >> (sh + 4u)) & 15u) | ((b >> (sh + 2u)) & 0x30u));
-    return select(hi, lo, s < 4u);
-}
-
 fn dq8(blk: u32, j: u32) -> V8 {
     let o = blk * 44u;
     let dm = unpack2x16float(w[o]);
