@@ -154,13 +154,13 @@ def test_gpu_layout_is_permutation(name):
         out, dbase = gpu_layout(q, raw)
         assert out.dtype == np.uint8 and out.size == -(-raw.size // 4) * 4
         assert not out[raw.size:].any()
-        if q.d_offset is None:
+        if q.split is None:
             assert dbase == 0 and np.array_equal(out[:raw.size], raw)
             continue
-        # Expected permutation: block i's bytes except [o, o+2) in order, then every block's d.
-        bb, o = q.block_bytes, q.d_offset
-        main = [i * bb + k for i in range(nb) for k in range(bb) if not o <= k < o + 2]
-        ds = [i * bb + o + k for i in range(nb) for k in range(2)]
+        # Expected permutation: block i's bytes except [o, o+size) in order, then every block's field.
+        bb, (o, size) = q.block_bytes, q.split
+        main = [i * bb + k for i in range(nb) for k in range(bb) if not o <= k < o + size]
+        ds = [i * bb + o + k for i in range(nb) for k in range(size)]
         perm = np.array(main + ds)
         assert sorted(perm) == list(range(raw.size))
         assert np.array_equal(out[:raw.size], raw[perm])
@@ -175,6 +175,5 @@ def test_block_constants_match_layout():
         qk = int(re.search(r"const QK: u32 = (\d+)u;", src).group(1))
         qw = int(re.search(r"const QW: u32 = (\d+)u;", src).group(1))
         assert qk == q.gpu_block_elems, name
-        gpu_block_bytes = q.row_bytes(qk) - (2 if q.d_offset is not None else 0)
-        assert qw * 4 == gpu_block_bytes, name
+        assert qw * 4 == q.row_bytes(qk) - (q.split[1] if q.split else 0), name
         assert Path(KERNEL_DIR / f"{q.kernel}.wgsl").exists()

@@ -1,7 +1,9 @@
 """Token-level generation over a Transformer's plans: prefill, decode N tokens per submit, logits.
 
 The sampler runs on the GPU and writes each new token into the token buffer, where the next step's
-embedding reads it, so a submit of N decode steps needs no host round trip; only token ids come back.
+embedding reads it, so a submit of N decode steps needs no host round trip; only token ids come back,
+copied at the end of each batch into a small mapped buffer. While the GPU runs one batch the CPU
+encodes the next; a batch encoded past a stop is simply never submitted.
 """
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ContextFullError
+from ..gpu.backend import BufferUsage, MapMode
 from ..kernels import ops
 
 
@@ -49,6 +52,9 @@ class Generator:
         self.history: list[int] = []      # tokens whose K/V are in the cache, in order
         self._sampling = None
         self.stats = Stats()
+        # two readback buffers: one for the batch on the GPU, one for the batch being encoded
+        self._staging = [self.dev.device.create_buffer(size=4 * self.k, usage=BufferUsage.MAP_READ
+                                                       | BufferUsage.COPY_DST) for _ in range(2)]
 
     @property
     def ctx(self):
@@ -89,6 +95,15 @@ class Generator:
             m.set_state(pos0 + s, n, n - 1 if with_sample else 0)
             m.prefill_plan(n, with_sample).run(n)
             self.stats.submits += 1
+
+    def _encode_batch(self, pos: int, k: int, slot: int):
+        """A command buffer feeding the token at `pos` and sampling k more, their ids copied to a
+        readback buffer. The state write is queued now and lands after whatever is already
+        submitted, right before this batch."""
+        staging = self._staging[slot]
+        self.m.set_state(pos, 1, 0)
+        copy = lambda enc: enc.copy_buffer_to_buffer(self.m.tokens, 4 * (pos + 1), staging, 0, 4 * k)  # noqa: E731
+        return pos, k, self.m.plan_decode.record(1, repeat=k, then=copy), staging
 
     def logits(self, ids) -> np.ndarray:
         """Logits for every position of `ids` (a fresh sequence), shape (len, vocab)."""
@@ -133,6 +148,7 @@ class Generator:
             t1 = time.perf_counter()
             st.decode_tokens = 1
             stop_ids = set(stop_ids)
+            ahead = None                        # (pos, k, command buffer, staging) encoded in advance
             while True:
                 for tok in pending:
                     if tok in stop_ids:
@@ -147,11 +163,19 @@ class Generator:
                     st.stop_reason = "context"
                     return
                 # feed the token at `pos` and sample k more on the GPU, in one submit
-                k = min(self.k, max_tokens - (len(seq) - len(prompt_ids)), self.ctx - pos)
-                self.m.set_state(pos, 1, 0)
-                self.m.plan_decode.run(1, repeat=k)
+                left = max_tokens - (len(seq) - len(prompt_ids))
+                k = min(self.k, left, self.ctx - pos)
+                if ahead is None or ahead[:2] != (pos, k):
+                    ahead = self._encode_batch(pos, k, st.submits % 2)
+                _, _, cb, staging = ahead
+                self.dev.submit([cb])
                 st.submits += 1
-                pending = self._read_tokens(pos + 1, k)
+                # while the GPU runs it, encode the next batch
+                k2 = min(self.k, left - k, self.ctx - pos - k)
+                ahead = self._encode_batch(pos + k, k2, st.submits % 2) if k2 > 0 else None
+                staging.map_sync(MapMode.READ, 0, 4 * k)
+                pending = np.frombuffer(staging.read_mapped(0, 4 * k), np.uint32).tolist()
+                staging.unmap()
                 st.decode_tokens += k
                 pos += k
                 st.decode_s = time.perf_counter() - t1

@@ -1,10 +1,11 @@
 """GGUF tensor types and their GPU layout.
 
-Weights stay in their compact GGUF form on the GPU. The only change is alignment: blocks whose size is
-not a multiple of 4 bytes (Q8_0's 34, Q4_0's 18, Q5_0's 22, Q6_K's 210) have their 2-byte f16 scale
-moved to an array after the blocks, so every block starts on a word and no byte is added:
-    [block 0 minus d][block 1 minus d]...[d0 d1 d2 ...]
-The WGSL decoders in kernels/quant/ read this layout; `w_dbase` is the word where the d array starts.
+Weights stay in their compact GGUF form on the GPU. The only change is alignment: one field of each
+block (its scale, or scale and min, or Q5_1's scales and high bits) is moved to an array after the
+blocks, so that the rest of every block starts on a word, and on 16 bytes wherever that is possible,
+for the decode GEMV's vec4<u32> loads; no byte is added:
+    [block 0 minus field][block 1 minus field]...[field 0][field 1]...
+The WGSL decoders in kernels/quant/ read this layout; `dbase` (a kernel parameter) is the word where the field array starts.
 """
 from __future__ import annotations
 
@@ -20,12 +21,17 @@ class QuantType:
     name: str
     block_elems: int          # elements per block (GGUF)
     block_bytes: int          # bytes per block (GGUF)
-    d_offset: int | None      # byte offset of the f16 scale split off for alignment, or None
+    split: tuple | None       # (byte offset, size) of the per-block field moved after the blocks, or None
     gpu_elems: int = 0        # elements per GPU "block" (F32/F16/BF16 use 8-element groups)
 
     @property
     def kernel(self) -> str:
         return f"quant/{self.name.lower()}"
+
+    @property
+    def gpu_block_bytes(self) -> int:
+        """Bytes of one block in the main region (the split field removed)."""
+        return self.block_bytes - (self.split[1] if self.split else 0)
 
     @property
     def gpu_block_elems(self) -> int:
@@ -39,14 +45,14 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("F32", 1, 4, None, gpu_elems=8),
     QuantType("F16", 1, 2, None, gpu_elems=8),
     QuantType("BF16", 1, 2, None, gpu_elems=8),
-    QuantType("Q8_0", 32, 34, 0),
-    QuantType("Q4_0", 32, 18, 0),
-    QuantType("Q4_1", 32, 20, None),
-    QuantType("Q5_0", 32, 22, 0),
-    QuantType("Q5_1", 32, 24, None),
-    QuantType("Q4_K", 256, 144, None),
-    QuantType("Q5_K", 256, 176, None),
-    QuantType("Q6_K", 256, 210, 208),
+    QuantType("Q8_0", 32, 34, (0, 2)),       # d            -> 32-byte blocks
+    QuantType("Q4_0", 32, 18, (0, 2)),       # d            -> 16
+    QuantType("Q4_1", 32, 20, (0, 4)),       # d, m         -> 16
+    QuantType("Q5_0", 32, 22, (0, 2)),       # d            -> 20 (word aligned only)
+    QuantType("Q5_1", 32, 24, (0, 8)),       # d, m, qh     -> 16
+    QuantType("Q4_K", 256, 144, None),       # 144 = 9 x 16 already
+    QuantType("Q5_K", 256, 176, None),       # 176 = 11 x 16
+    QuantType("Q6_K", 256, 210, (208, 2)),   # d            -> 208 = 13 x 16
 ]}
 
 
@@ -60,14 +66,14 @@ def quant_type(name: str, tensor: str = "") -> QuantType:
 
 
 def gpu_layout(q: QuantType, raw: np.ndarray) -> tuple[np.ndarray, int]:
-    """GGUF bytes of whole blocks -> (uint8 bytes for the GPU, word index of the d array or 0)."""
+    """GGUF bytes of whole blocks -> (uint8 bytes for the GPU, word index of the field array or 0)."""
     raw = np.ascontiguousarray(raw).reshape(-1)
-    if q.d_offset is None:
+    if q.split is None:
         return raw, 0
     blocks = raw.reshape(-1, q.block_bytes)
-    o = q.d_offset
-    main = np.concatenate([blocks[:, :o], blocks[:, o + 2:]], axis=1) if o else blocks[:, 2:]
-    d = blocks[:, o:o + 2]
+    o, size = q.split
+    main = np.concatenate([blocks[:, :o], blocks[:, o + size:]], axis=1)
+    d = blocks[:, o:o + size]
     out = np.concatenate([main.reshape(-1), d.reshape(-1), np.zeros(-d.size % 4, np.uint8)])
     return out, main.size // 4
 

@@ -72,8 +72,8 @@ class Plan:
             set_bind_group(p, 0, bg, 0, null)
             dispatch(p, x, y, z)
 
-    def run(self, n: int = 1, repeat: int = 1, then=None):
-        """Record `repeat` copies of the plan into one command buffer and submit once.
+    def record(self, n: int = 1, repeat: int = 1, then=None):
+        """`repeat` copies of the plan in one command buffer (not submitted).
 
         `then(encoder)` may append copies (e.g. token ids to a readback buffer)."""
         enc = self.device.encoder()
@@ -83,4 +83,8 @@ class Plan:
         cpass.end()
         if then is not None:
             then(enc)
-        self.device.submit([enc.finish()])
+        return enc.finish()
+
+    def run(self, n: int = 1, repeat: int = 1, then=None):
+        """record() and submit."""
+        self.device.submit([self.record(n, repeat, then)])

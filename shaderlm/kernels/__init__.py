@@ -3,6 +3,9 @@
 Directives (each on its own line):
   #include NAME        inline kernels/NAME.wgsl (once per kernel; NAME may use {{DEFINE}})
   #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable)
+  #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
+                       (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
+                       index an array (nestable, each level with its own variable)
 and `{{NAME}}` anywhere is replaced by str(define).
 """
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _expand(name: str, defines: dict, included: set) -> str:
     if name in included:
         return ""
     included.add(name)
-    lines = (KERNEL_DIR / f"{name}.wgsl").read_text().splitlines()
+    lines = _unroll(name, (KERNEL_DIR / f"{name}.wgsl").read_text().splitlines(), defines)
     out, stack = [], []          # stack of (this branch active, any branch taken)
     for line in lines:
         s = line.strip()
@@ -59,3 +62,28 @@ def _expand(name: str, defines: dict, included: set) -> str:
     if stack:
         raise ValueError(f"kernel {name}: unterminated #if")
     return "\n".join(out)
+
+
+def _unroll(name: str, lines: list, defines: dict) -> list:
+    """Expand `#unroll N [v]` ... `#end` blocks (nestable; `$v` in the body, default `$i`)."""
+    out, i = [], 0
+    while i < len(lines):
+        s = lines[i].strip()
+        if not s.startswith("#unroll "):
+            out.append(lines[i])
+            i += 1
+            continue
+        args = s.split()[1:]
+        n = int(args[0]) if args[0].isdigit() else int(_value(defines, args[0], name))
+        var = "$" + (args[1] if len(args) > 1 else "i")
+        depth, end = 1, i + 1
+        while end < len(lines) and depth:
+            t = lines[end].strip()
+            depth += t.startswith("#unroll ") - (t == "#end")
+            end += 1
+        if depth:
+            raise ValueError(f"kernel {name}: #unroll without #end")
+        body = _unroll(name, lines[i + 1:end - 1], defines)
+        out += [line.replace(var, str(k)) for k in range(n) for line in body]
+        i = end
+    return out

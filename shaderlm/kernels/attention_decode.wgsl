@@ -1,6 +1,6 @@
 // Decode attention for one new token, one workgroup per query head; needs subgroups.
 // Fuses rope_store's work: rotates q and the new K, rounds the new K/V to f16 as the cache holds
-// them, and the first head of each KV group stores them.
+// them, and the first head of each KV group stores them. One barrier in all (the final merge).
 // Each subgroup walks its own share of the keys (sg, sg + nsg, ...), UNROLL keys at a time so their
 // loads are in flight together; lanes own pairs of head dimensions, so K and V rows are read
 // coalesced and a score is one subgroupAdd. Each subgroup keeps an online softmax (m, l, acc) and
@@ -21,15 +21,31 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 const HD: u32 = {{HD}}u;
 const PAIRS: u32 = {{PAIRS}}u;        // head-dim pairs per lane: ceil(HD / 2 / smallest subgroup)
 const MAXSG: u32 = {{MAXSG}}u;        // subgroups per workgroup at the smallest subgroup size
-const UNROLL: u32 = 4u;
-var<workgroup> qs: array<f32, HD>;
-var<workgroup> kcur: array<f32, HD>;
-var<workgroup> vcur: array<f32, HD>;
+const UNROLL: u32 = {{UNROLL}}u;
 var<workgroup> sg_m: array<f32, MAXSG>;
 var<workgroup> sg_l: array<f32, MAXSG>;
 var<workgroup> sg_acc: array<vec2<f32>, MAXSG * HD / 2u>;
 
 #include rope
+
+// Dimension d of the head starting at qkv[base], rotated by RoPE at position pos. Each lane reads
+// its dims and their rotation partners straight from qkv, so no workgroup staging (and no barrier)
+// comes before the key loop.
+fn rotated(base: u32, d: u32, pos: u32) -> f32 {
+    let v = qkv[base + d];
+    if (d >= p.rope_dim) { return v; }
+#if NEOX
+    let half_rd = p.rope_dim / 2u;
+    let i = select(d, d - half_rd, d >= half_rd);
+    let cs = rope_cs(i, pos);
+    if (d < half_rd) { return v * cs.x - qkv[base + d + half_rd] * cs.y; }
+    return qkv[base + d - half_rd] * cs.y + v * cs.x;
+#else
+    let cs = rope_cs(d / 2u, pos);
+    if ((d & 1u) == 0u) { return v * cs.x - qkv[base + d + 1u] * cs.y; }
+    return qkv[base + d - 1u] * cs.y + v * cs.x;
+#endif
+}
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
@@ -40,93 +56,80 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let half_hd = hd / 2u;
     let kvh = h / (p.n_heads / p.n_kv);
     let qpos = st.pos;
+    let qo = h * hd;
     let ko = (p.n_heads + kvh) * hd;
-    for (var i = li; i < hd; i += {{WG}}u) {
-        qs[i] = qkv[h * hd + i] * p.scale;
-        kcur[i] = qkv[ko + i];
-        vcur[i] = qkv[ko + p.n_kv * hd + i];
-    }
-    workgroupBarrier();
-    for (var i = li; i < p.rope_dim / 2u; i += {{WG}}u) {
-        let cs = rope_cs(i, qpos);
-        let ix = pair_index(i);
-        let q0 = qs[ix.x]; let q1 = qs[ix.y];
-        qs[ix.x] = q0 * cs.x - q1 * cs.y; qs[ix.y] = q0 * cs.y + q1 * cs.x;
-        let k0 = kcur[ix.x]; let k1 = kcur[ix.y];
-        kcur[ix.x] = k0 * cs.x - k1 * cs.y; kcur[ix.y] = k0 * cs.y + k1 * cs.x;
-    }
-    workgroupBarrier();
-    let store = h % (p.n_heads / p.n_kv) == 0u;
-    for (var j = li; j < half_hd; j += {{WG}}u) {
-        let kp = pack2x16float(vec2<f32>(kcur[2u * j], kcur[2u * j + 1u]));
-        let vp = pack2x16float(vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]));
+    let vo = ko + p.n_kv * hd;
+    let store = sg == 0u && h % (p.n_heads / p.n_kv) == 0u;
+    // this lane's pairs of q, and of the new token's K and V as the f16 cache holds them (every
+    // subgroup has them in registers; the first head of each KV group stores them). Per-pair values
+    // are separate variables (#unroll): arrays indexed by a loop counter went to local memory on NVIDIA.
+#unroll PAIRS c
+    let j$c = lane + $cu * lanes;
+    var q$c = vec2<f32>(0.0);
+    var kcur$c = vec2<f32>(0.0);
+    var vcur$c = vec2<f32>(0.0);
+    if (j$c < half_hd) {
+        q$c = vec2<f32>(rotated(qo, 2u * j$c, qpos), rotated(qo, 2u * j$c + 1u, qpos)) * p.scale;
+        let kp = pack2x16float(vec2<f32>(rotated(ko, 2u * j$c, qpos), rotated(ko, 2u * j$c + 1u, qpos)));
+        let vp = pack2x16float(vec2<f32>(qkv[vo + 2u * j$c], qkv[vo + 2u * j$c + 1u]));
         if (store) {
-            kc[(qpos * p.n_kv + kvh) * half_hd + j] = kp;
-            vc[(qpos * p.n_kv + kvh) * half_hd + j] = vp;
+            kc[(qpos * p.n_kv + kvh) * half_hd + j$c] = kp;
+            vc[(qpos * p.n_kv + kvh) * half_hd + j$c] = vp;
         }
-        let kr = unpack2x16float(kp ^ p.zero); let vr = unpack2x16float(vp ^ p.zero);
-        kcur[2u * j] = kr.x; kcur[2u * j + 1u] = kr.y; vcur[2u * j] = vr.x; vcur[2u * j + 1u] = vr.y;
+        kcur$c = unpack2x16float(kp ^ p.zero);
+        vcur$c = unpack2x16float(vp ^ p.zero);
     }
-    workgroupBarrier();
-
-    // this lane's pairs of q
-    var q: array<vec2<f32>, PAIRS>;
-    for (var c = 0u; c < PAIRS; c++) {
-        let j = lane + c * lanes;
-        if (j < half_hd) { q[c] = vec2<f32>(qs[2u * j], qs[2u * j + 1u]); }
-    }
+    var acc$c = vec2<f32>(0.0);
+#end
     var k_lo = 0u;
     if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
     var m = -3.0e38;
     var l = 0.0;
-    var acc: array<vec2<f32>, PAIRS>;
     // keys before qpos come from the cache; qpos itself from kcur / vcur
     for (var k0 = k_lo + sg * UNROLL; k0 <= qpos; k0 += nsg * UNROLL) {
         // load K and V of UNROLL keys first, so one memory round trip serves the whole step
-        var kv: array<vec2<f32>, UNROLL * PAIRS>;
-        var vv: array<vec2<f32>, UNROLL * PAIRS>;
-        for (var u = 0u; u < UNROLL; u++) {
-            let key = k0 + u;
-            let base = (min(key, qpos) * p.n_kv + kvh) * half_hd;
-            for (var c = 0u; c < PAIRS; c++) {
-                let j = lane + c * lanes;
-                if (j < half_hd) {
-                    if (key < qpos) {
-                        kv[u * PAIRS + c] = unpack2x16float(kc[base + j]);
-                        vv[u * PAIRS + c] = unpack2x16float(vc[base + j]);
-                    } else {
-                        kv[u * PAIRS + c] = vec2<f32>(kcur[2u * j], kcur[2u * j + 1u]);
-                        vv[u * PAIRS + c] = vec2<f32>(vcur[2u * j], vcur[2u * j + 1u]);
-                    }
-                }
-            }
+#unroll UNROLL u
+        let key$u = k0 + $uu;
+        let base$u = (min(key$u, qpos) * p.n_kv + kvh) * half_hd;
+#unroll PAIRS c
+        var kv$u$c = kcur$c;
+        var vv$u$c = vcur$c;
+        if (j$c < half_hd && key$u < qpos) {
+            kv$u$c = unpack2x16float(kc[base$u + j$c]);
+            vv$u$c = unpack2x16float(vc[base$u + j$c]);
         }
-        var s: array<f32, UNROLL>;
+#end
+#end
         var mt = m;
-        for (var u = 0u; u < UNROLL; u++) {
-            var d = 0.0;
-            for (var c = 0u; c < PAIRS; c++) { d += dot(q[c], kv[u * PAIRS + c]); }
-            var sc = subgroupAdd(d);
-            if (p.softcap > 0.0) { sc = p.softcap * tanh(clamp(sc / p.softcap, -15.0, 15.0)); }
-            s[u] = select(-3.0e38, sc, k0 + u <= qpos);
-            mt = max(mt, s[u]);
-        }
+#unroll UNROLL u
+        var d$u = 0.0;
+#unroll PAIRS c
+        d$u += dot(q$c, kv$u$c);
+#end
+        var s$u = subgroupAdd(d$u);
+        if (p.softcap > 0.0) { s$u = p.softcap * tanh(clamp(s$u / p.softcap, -15.0, 15.0)); }
+        s$u = select(-3.0e38, s$u, key$u <= qpos);
+        mt = max(mt, s$u);
+#end
         let corr = exp(m - mt);
         l *= corr;
-        for (var c = 0u; c < PAIRS; c++) { acc[c] *= corr; }
-        for (var u = 0u; u < UNROLL; u++) {
-            let e = select(0.0, exp(s[u] - mt), k0 + u <= qpos);
-            l += e;
-            for (var c = 0u; c < PAIRS; c++) { acc[c] += e * vv[u * PAIRS + c]; }
-        }
+#unroll PAIRS c
+        acc$c *= corr;
+#end
+#unroll UNROLL u
+        let e$u = select(0.0, exp(s$u - mt), key$u <= qpos);
+        l += e$u;
+#unroll PAIRS c
+        acc$c += e$u * vv$u$c;
+#end
+#end
         m = mt;
     }
     // merge the subgroups' partial softmaxes
     if (lane == 0u) { sg_m[sg] = m; sg_l[sg] = l; }
-    for (var c = 0u; c < PAIRS; c++) {
-        let j = lane + c * lanes;
-        if (j < half_hd) { sg_acc[sg * (HD / 2u) + j] = acc[c]; }
-    }
+#unroll PAIRS c
+    if (j$c < half_hd) { sg_acc[sg * (HD / 2u) + j$c] = acc$c; }
+#end
     workgroupBarrier();
     var mg = -3.0e38;
     for (var g = 0u; g < nsg; g++) { mg = max(mg, sg_m[g]); }

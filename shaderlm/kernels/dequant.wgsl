@@ -7,11 +7,9 @@ struct P { k: u32, n_rows: u32, dbase: u32, _pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
-var<private> w_dbase: u32;
 
 @compute @workgroup_size(256)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>) {
-    w_dbase = p.dbase;
     let groups_per_row = p.k / 8u;
     let g = gid.x + gid.y * nwg.x * 256u;
     if (g >= groups_per_row * p.n_rows) { return; }

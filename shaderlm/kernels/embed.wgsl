@@ -9,11 +9,9 @@ struct P { dim: u32, row0: u32, rows: u32, dbase: u32, scale: f32, _a: u32, _b: 
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;
 @group(0) @binding(3) var<storage, read> w: array<u32>;
 @group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
-var<private> w_dbase: u32;
 
 @compute @workgroup_size(64)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    w_dbase = p.dbase;
     let t = wid.x;
     if (t >= st.n) { return; }
     let id = tokens[st.tok + t];

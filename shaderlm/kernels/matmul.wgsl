@@ -26,7 +26,6 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, x_stride: u3
 #if NORM
 @group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
 #endif
-var<private> w_dbase: u32;
 
 const TT: u32 = {{TT}}u;
 var<private> nscale: array<f32, TT>;
@@ -59,7 +58,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = li; let lanes = {{WG}}u; let sg = 0u; let nsg = 1u;
 #endif
     red_lane = li;
-    w_dbase = p.dbase;
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let n = st.n - first;
     let t0 = wid.y * TT;

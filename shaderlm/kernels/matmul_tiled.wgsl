@@ -15,14 +15,12 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, x_stride: u3
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif
-var<private> w_dbase: u32;
 
 var<workgroup> ws: array<vec4<f32>, 512>;   // [k][row / 4], 32 x 64 floats
 var<workgroup> xs: array<vec4<f32>, 512>;   // [k][token / 4]
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    w_dbase = p.dbase;
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let n = st.n - first;
     let r_base = wid.x * 64u;

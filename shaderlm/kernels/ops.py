@@ -5,9 +5,13 @@ replayed by a Plan. Grids that depend on the token count are functions of n.
 """
 from __future__ import annotations
 
+import functools
+import os
+
 import numpy as np
 
 from ..gpu.plan import Dispatch
+from . import KERNEL_DIR
 
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
 
@@ -63,6 +67,10 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
                              bias=bias, from_state_row=from_state_row)
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
+    if tt == 1 and not from_state_row and has_wide(w.qtype) and w.cols % wide_block(w.qtype) == 0 \
+            and os.environ.get("SHADERLM_GEMV") != "old":
+        return gemv(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+                    norm=norm, eps=eps, glu=glu, gelu=gelu)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = dev.pipeline("matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
@@ -77,6 +85,73 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         gx = min(cdiv(rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_consts(kernel: str) -> dict:
+    """WQK / CE / CPB of a quant decoder's WIDE part ({} when it has none)."""
+    import re
+    src = (KERNEL_DIR / f"{kernel}.wgsl").read_text()
+    if "#if WIDE" not in src:
+        return {}
+    wide = src[src.index("#if WIDE"):]
+    vals = {k: v for k, v in re.findall(r"const (\w+): u32 = (\w+);", wide)}
+    out = {}
+    for k, v in vals.items():
+        v = v.rstrip("u")
+        out[k] = int(v) if v.isdigit() else None
+    if out.get("WQK") is None:                     # "QK": the block size
+        out["WQK"] = int(re.search(r"const QK: u32 = (\d+)u;", src).group(1))
+    return out
+
+
+def has_wide(q) -> bool:
+    return bool(_wide_consts(q.kernel))
+
+
+def wide_block(q) -> int:
+    return _wide_consts(q.kernel)["WQK"]
+
+
+def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
+    """(workgroup size, rows per workgroup) for the decode GEMV of `w`.
+
+    The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
+    (and at least the subgroup) not over the chunk count, so no lane idles on the first pass; 8 rows
+    share each x chunk on long rows, 4 on short ones (half that with GLU, which reads two rows each).
+    Chosen from a sweep of 32..256 x 4..8 on an H100 (bench/gemv_sweep.py). SHADERLM_GEMV="WG,ROWS"
+    overrides, for tuning; "old" selects matmul.wgsl instead, for comparisons."""
+    env = os.environ.get("SHADERLM_GEMV", "auto")
+    if env not in ("auto", "old"):
+        wg, rows = (int(v) for v in env.split(","))
+        return wg, rows
+    k = _wide_consts(w.qtype.kernel)
+    chunks = w.cols // k["WQK"] * k["CPB"]
+    lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
+    wg = 32
+    while wg * 2 <= min(chunks, 128, lim):
+        wg *= 2
+    wg = min(max(wg, dev.subgroup_size or 1), lim)
+    rows = 8 if chunks >= 128 else 4
+    return wg, (rows // 2 if glu else rows)
+
+
+def gemv(dev, w, x, y, st, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
+         glu=False, gelu=False) -> list[Dispatch]:
+    """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows."""
+    wg, nrows = gemv_shape(dev, w, glu)
+    out = []
+    for c in w.chunks:
+        rows = c.rows // 2 if glu else c.rows
+        pipe = dev.pipeline("gemv", QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, BIAS=bias is not None,
+                            ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu,
+                            K=w.cols, NROWS=rows, ROW0=row0 + c.row0, DBASE=c.dbase, Y_STRIDE=y_stride,
+                            EPS=float(eps))
+        res = [None, None, c.buffer, x, y, bias, norm]
+        gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, gy=gy: (gx, gy, n),
+                            label=f"gemv.{w.qtype.name}", bytes=c.buffer.size))
     return out
 
 
@@ -128,7 +203,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         sgs = dev.subgroup_size
         wg = 256 if sgs >= 16 else 16 * sgs
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
-                            MAXSG=wg // sgs, NEOX=neox)
+                            MAXSG=wg // sgs, NEOX=neox,
+                            UNROLL=8 if cdiv(head_dim // 2, sgs) <= 2 else 4)
         params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
         bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
         return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode")

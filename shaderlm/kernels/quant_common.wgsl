@@ -1,28 +1,75 @@
 // Shared by the quant/*.wgsl decoders. The including kernel declares:
-//   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor)
-//   var<private> w_dbase: u32;                        first word of the split-off f16 scale array
+//   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor),
+//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads)
+//   a uniform `p` with field dbase: u32                first word of the split-off per-block field array
+// (read from the uniform where needed: a private copy made NVIDIA's Vulkan compiler spill)
 // Each decoder defines QK (elements per block), QW (u32 words per block in the main region) and
 //   fn dq8(blk: u32, j: u32) -> V8   elements [8j, 8j+8) of block `blk`, in GGUF element order.
+// Decoders with a WIDE part (main region a multiple of 16 bytes) also define, for gemv.wgsl:
+//   WQK (elements per wide block), CE (elements per chunk), CPB (chunks per wide block),
+//   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, CE / 4>   the x values chunk c of block b multiplies
+//                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
+//   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
+//   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
+
+#if WIDE
+fn word(i: u32) -> u32 {
+    let v = w[i >> 2u];
+    let j = i & 3u;
+    return select(select(v.x, v.y, j == 1u), select(v.z, v.w, j == 3u), j >= 2u);
+}
+#else
+fn word(i: u32) -> u32 { return w[i]; }
+#endif
+
+// WIDE helpers. Every index into an array or vector below is a constant: naga passes arrays by value
+// and NVIDIA's compiler put dynamically indexed ones in local memory (10x slower GEMVs, measured).
+#if WIDE
+// Sum of the 4 lanes of v (x runs' sums, for the min/offset terms).
+fn hsum(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
+
+// 16 4-bit quants (nibble at bit `sh` of each byte of q) dotted with 16 x values.
+fn dot_nib(q: vec4<u32>, sh: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
+    let m = 0x0F0F0F0Fu;
+    return dot(u8x4((q.x >> sh) & m), x0) + dot(u8x4((q.y >> sh) & m), x1)
+         + dot(u8x4((q.z >> sh) & m), x2) + dot(u8x4((q.w >> sh) & m), x3);
+}
+
+// 16 quants with extra high bits: nibble at bit `sh` of q's bytes | ((h's bytes >> hsh) & hmask) << 4.
+fn dot_nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32,
+              x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
+    let m = 0x0F0F0F0Fu;
+    return dot(u8x4(((q.x >> sh) & m) | (((h.x >> hsh) & hmask) << 4u)), x0)
+         + dot(u8x4(((q.y >> sh) & m) | (((h.y >> hsh) & hmask) << 4u)), x1)
+         + dot(u8x4(((q.z >> sh) & m) | (((h.z >> hsh) & hmask) << 4u)), x2)
+         + dot(u8x4(((q.w >> sh) & m) | (((h.w >> hsh) & hmask) << 4u)), x3);
+}
+#endif
 
 struct V8 { a: vec4<f32>, b: vec4<f32> }
 
+// Bytes to floats without int-to-float conversions (a quarter-rate instruction on NVIDIA, and the
+// GEMVs' bottleneck there): byte b placed in the mantissa of 2^23 reads as 2^23 + b exactly.
+const MAGIC: u32 = 0x4B000000u;      // 2^23 as f32 bits
 fn u8x4(v: u32) -> vec4<f32> {
-    return vec4<f32>(f32(v & 255u), f32((v >> 8u) & 255u), f32((v >> 16u) & 255u), f32(v >> 24u));
+    let m = vec4<u32>(v & 255u, (v >> 8u) & 255u, (v >> 16u) & 255u, v >> 24u) | vec4<u32>(MAGIC);
+    return bitcast<vec4<f32>>(m) - vec4<f32>(8388608.0);
 }
 
 fn i8x4(v: u32) -> vec4<f32> {
-    return vec4<f32>(f32(bitcast<i32>(v << 24u) >> 24u), f32(bitcast<i32>(v << 16u) >> 24u),
-                     f32(bitcast<i32>(v << 8u) >> 24u), f32(bitcast<i32>(v) >> 24u));
+    // flip the sign bits: signed byte s becomes s + 128 unsigned
+    return u8x4(v ^ 0x80808080u) - vec4<f32>(128.0);
 }
 
 // Scale of block `blk` from the split f16 array (two halves per word).
 fn split_d(blk: u32) -> f32 {
-    return unpack2x16float(w[w_dbase + (blk >> 1u)])[blk & 1u];
+    let v = word(p.dbase + (blk >> 1u));
+    return unpack2x16float(select(v, v >> 16u, (blk & 1u) == 1u)).x;
 }
 
 // Byte `i` of the word stream starting at word `base`.
 fn byte_at(base: u32, i: u32) -> u32 {
-    return (w[base + (i >> 2u)] >> ((i & 3u) * 8u)) & 255u;
+    return (word(base + (i >> 2u)) >> ((i & 3u) * 8u)) & 255u;
 }
 
 // Q4_K / Q5_K packed 6-bit scales and mins.

@@ -7,6 +7,21 @@ fn dq8(blk: u32, j: u32) -> V8 {
     let d = split_d(blk);
     let wi = blk * 4u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    return V8((u8x4((w[wi] >> sh) & 0x0F0F0F0Fu) - 8.0) * d,
-              (u8x4((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) - 8.0) * d);
+    return V8((u8x4((word(wi) >> sh) & 0x0F0F0F0Fu) - 8.0) * d,
+              (u8x4((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) - 8.0) * d);
 }
+
+#if WIDE
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 1u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
+struct CW { q: vec4<u32>, d: f32 }
+fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], split_d(blk)); }
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let q = cw.q;
+    let s = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]) + dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
+    let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
+    return cw.d * (s - 8.0 * xs);
+}
+#endif

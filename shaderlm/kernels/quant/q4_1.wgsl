@@ -1,13 +1,28 @@
-// Q4_1: 32 4-bit quants, x = d*q + m. GGUF block (20 B, word aligned): d, m (f16), qs[16];
-// elements 0-15 are the low nibbles of qs[0..15], 16-31 the high nibbles.
+// Q4_1: 32 4-bit quants, x = d*q + m. GGUF block (20 B): d, m (f16), qs[16]; elements 0-15 are the
+// low nibbles of qs[0..15], 16-31 the high nibbles. GPU: qs as 4 words (16 B); the d|m word split off.
 const QK: u32 = 32u;
-const QW: u32 = 5u;
+const QW: u32 = 4u;
 
 fn dq8(blk: u32, j: u32) -> V8 {
-    let o = blk * 5u;
-    let dm = unpack2x16float(w[o]);
-    let wi = o + 1u + (j & 1u) * 2u;
+    let dm = unpack2x16float(word(p.dbase + blk));
+    let wi = blk * 4u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    return V8(u8x4((w[wi] >> sh) & 0x0F0F0F0Fu) * dm.x + dm.y,
-              u8x4((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) * dm.x + dm.y);
+    return V8(u8x4((word(wi) >> sh) & 0x0F0F0F0Fu) * dm.x + dm.y,
+              u8x4((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) * dm.x + dm.y);
 }
+
+#if WIDE
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 1u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
+struct CW { q: vec4<u32>, dm: u32 }
+fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], word(p.dbase + blk)); }
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let q = cw.q;
+    let dm = unpack2x16float(cw.dm);
+    let s = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]) + dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
+    let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
+    return dm.x * s + dm.y * xs;
+}
+#endif

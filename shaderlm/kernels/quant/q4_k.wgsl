@@ -8,13 +8,40 @@ const QW: u32 = 36u;
 
 fn dq8(blk: u32, j: u32) -> V8 {
     let o = blk * 36u;
-    let dm = unpack2x16float(w[o]);
+    let dm = unpack2x16float(word(o));
     let s = j >> 2u;
-    let sm = k4_scale_min(w[o + 1u], w[o + 2u], w[o + 3u], s);
+    let sm = k4_scale_min(word(o + 1u), word(o + 2u), word(o + 3u), s);
     let dl = dm.x * f32(sm.x);
     let ml = dm.y * f32(sm.y);
     let wi = o + 4u + (s >> 1u) * 8u + (j & 3u) * 2u;
     let sh = (s & 1u) * 4u;
-    return V8(u8x4((w[wi] >> sh) & 0x0F0F0F0Fu) * dl - ml,
-              u8x4((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) * dl - ml);
+    return V8(u8x4((word(wi) >> sh) & 0x0F0F0F0Fu) * dl - ml,
+              u8x4((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) * dl - ml);
 }
+
+#if WIDE
+// Chunk c (0..7) = qs bytes [16c, 16c+16): l = 16 (c & 1) .. +16 of sub-blocks s0 = 2 (c >> 1)
+// (low nibbles) and s0 + 1 (high nibbles); both sub-blocks' scales from the block's first vec4.
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 8u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
+    let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;
+    return x_runs2(r, o, o + 8u);
+}
+struct CW { h: vec4<u32>, q: vec4<u32> }
+fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 9u], w[blk * 9u + 1u + c]); }
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let h = cw.h;
+    let q = cw.q;
+    let dm = unpack2x16float(h.x);
+    let s0 = (c >> 1u) * 2u;
+    let a = k4_scale_min(h.y, h.z, h.w, s0);
+    let b = k4_scale_min(h.y, h.z, h.w, s0 + 1u);
+    let lo = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]);
+    let hi = dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
+    let xa = hsum(xr[0] + xr[1] + xr[2] + xr[3]);
+    let xb = hsum(xr[4] + xr[5] + xr[6] + xr[7]);
+    return dm.x * (f32(a.x) * lo + f32(b.x) * hi) - dm.y * (f32(a.y) * xa + f32(b.y) * xb);
+}
+#endif

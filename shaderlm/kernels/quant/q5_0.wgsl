@@ -13,10 +13,10 @@ fn q5_hbits(h: u32) -> u32 {
 fn dq8(blk: u32, j: u32) -> V8 {
     let o = blk * 5u;
     let d = split_d(blk);
-    let qh = w[o] >> (j * 8u);
+    let qh = word(o) >> (j * 8u);
     let wi = o + 1u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    let qa = ((w[wi] >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
-    let qb = ((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
+    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
+    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
     return V8((u8x4(qa) - 16.0) * d, (u8x4(qb) - 16.0) * d);
 }

@@ -1,8 +1,8 @@
-// Q5_1: 32 5-bit quants, x = d * q + m. GGUF block (24 B, word aligned): d, m (f16), qh (u32), qs[16].
+// Q5_1: 32 5-bit quants, x = d * q + m. GGUF block (24 B): d, m (f16), qh (u32), qs[16].
 // Low 4 bits as Q4_1 (element e < 16: low nibble of qs[e], else high nibble of qs[e-16]);
-// bit 4 of element e is bit e of qh. GPU words: [d|m, qh, qs0..qs3].
+// bit 4 of element e is bit e of qh. GPU: qs as 4 words (16 B); [d|m, qh] (2 words) split off.
 const QK: u32 = 32u;
-const QW: u32 = 6u;
+const QW: u32 = 4u;
 
 // 4 bits h3..h0 -> bit 4 of bytes 3..0 (copies of h at bits 0, 7, 14, 21; no carries).
 fn q5_hbits(h: u32) -> u32 {
@@ -10,12 +10,34 @@ fn q5_hbits(h: u32) -> u32 {
 }
 
 fn dq8(blk: u32, j: u32) -> V8 {
-    let o = blk * 6u;
-    let dm = unpack2x16float(w[o]);
-    let qh = w[o + 1u] >> (j * 8u);
-    let wi = o + 2u + (j & 1u) * 2u;
+    let dm = unpack2x16float(word(p.dbase + blk * 2u));
+    let qh = word(p.dbase + blk * 2u + 1u) >> (j * 8u);
+    let wi = blk * 4u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    let qa = ((w[wi] >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
-    let qb = ((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
+    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
+    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
     return V8(u8x4(qa) * dm.x + dm.y, u8x4(qb) * dm.x + dm.y);
 }
+
+#if WIDE
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 1u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
+struct CW { q: vec4<u32>, dm: u32, qh: u32 }
+fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], word(p.dbase + blk * 2u), word(p.dbase + blk * 2u + 1u)); }
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let q = cw.q;
+    let dm = unpack2x16float(cw.dm);
+    let qh = cw.qh;
+    // bit 4 of element e (byte e & 3 of word e >> 2, low nibbles for e < 16) is bit e of qh
+    let hl = vec4<u32>(q5_hbits(qh & 15u), q5_hbits((qh >> 4u) & 15u), q5_hbits((qh >> 8u) & 15u),
+                       q5_hbits((qh >> 12u) & 15u)) >> vec4<u32>(4u);
+    let hh = vec4<u32>(q5_hbits((qh >> 16u) & 15u), q5_hbits((qh >> 20u) & 15u), q5_hbits((qh >> 24u) & 15u),
+                       q5_hbits(qh >> 28u)) >> vec4<u32>(4u);
+    let s = dot_nib_hi(q, 0u, hl, 0u, 0x01010101u, xr[0], xr[1], xr[2], xr[3])
+          + dot_nib_hi(q, 4u, hh, 0u, 0x01010101u, xr[4], xr[5], xr[6], xr[7]);
+    let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
+    return dm.x * s + dm.y * xs;
+}
+#endif

@@ -8,15 +8,45 @@ const QW: u32 = 44u;
 
 fn dq8(blk: u32, j: u32) -> V8 {
     let o = blk * 44u;
-    let dm = unpack2x16float(w[o]);
+    let dm = unpack2x16float(word(o));
     let s = j >> 2u;
-    let sm = k4_scale_min(w[o + 1u], w[o + 2u], w[o + 3u], s);
+    let sm = k4_scale_min(word(o + 1u), word(o + 2u), word(o + 3u), s);
     let dl = dm.x * f32(sm.x);
     let ml = dm.y * f32(sm.y);
     let hw = o + 4u + (j & 3u) * 2u;
     let wi = o + 12u + (s >> 1u) * 8u + (j & 3u) * 2u;
     let sh = (s & 1u) * 4u;
-    let qa = ((w[wi] >> sh) & 0x0F0F0F0Fu) | (((w[hw] >> s) & 0x01010101u) << 4u);
-    let qb = ((w[wi + 1u] >> sh) & 0x0F0F0F0Fu) | (((w[hw + 1u] >> s) & 0x01010101u) << 4u);
+    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | (((word(hw) >> s) & 0x01010101u) << 4u);
+    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> s) & 0x01010101u) << 4u);
     return V8(u8x4(qa) * dl - ml, u8x4(qb) * dl - ml);
 }
+
+#if WIDE
+// Chunks as Q4_K's (qs at vec4 3 + c); the fifth bits of l = 16 (c & 1) .. +16 are qh vec4 1 + (c & 1),
+// bit s of each byte for sub-block s.
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 8u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
+    let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;
+    return x_runs2(r, o, o + 8u);
+}
+struct CW { h: vec4<u32>, qh: vec4<u32>, q: vec4<u32> }
+fn chunk_load(blk: u32, c: u32) -> CW {
+    return CW(w[blk * 11u], w[blk * 11u + 1u + (c & 1u)], w[blk * 11u + 3u + c]);
+}
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let h = cw.h;
+    let qh = cw.qh;
+    let q = cw.q;
+    let dm = unpack2x16float(h.x);
+    let s0 = (c >> 1u) * 2u;
+    let a = k4_scale_min(h.y, h.z, h.w, s0);
+    let b = k4_scale_min(h.y, h.z, h.w, s0 + 1u);
+    let lo = dot_nib_hi(q, 0u, qh, s0, 0x01010101u, xr[0], xr[1], xr[2], xr[3]);
+    let hi = dot_nib_hi(q, 4u, qh, s0 + 1u, 0x01010101u, xr[4], xr[5], xr[6], xr[7]);
+    let xa = hsum(xr[0] + xr[1] + xr[2] + xr[3]);
+    let xb = hsum(xr[4] + xr[5] + xr[6] + xr[7]);
+    return dm.x * (f32(a.x) * lo + f32(b.x) * hi) - dm.y * (f32(a.y) * xa + f32(b.y) * xb);
+}
+#endif

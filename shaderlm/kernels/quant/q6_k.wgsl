@@ -17,10 +17,46 @@ fn dq8(blk: u32, j: u32) -> V8 {
     let lsh = (g & 2u) * 2u;         // 0 or 4
     let hw = o + 32u + h * 8u + q4;
     let hsh = (g & 3u) * 2u;
-    let sw = w[o + 48u + (j >> 3u)];
+    let sw = word(o + 48u + (j >> 3u));
     let sc = f32(bitcast<i32>(sw << (24u - ((j >> 1u) & 3u) * 8u)) >> 24u);
     let dl = split_d(blk) * sc;
-    let qa = ((w[lw] >> lsh) & 0x0F0F0F0Fu) | (((w[hw] >> hsh) & 0x03030303u) << 4u);
-    let qb = ((w[lw + 1u] >> lsh) & 0x0F0F0F0Fu) | (((w[hw + 1u] >> hsh) & 0x03030303u) << 4u);
+    let qa = ((word(lw) >> lsh) & 0x0F0F0F0Fu) | (((word(hw) >> hsh) & 0x03030303u) << 4u);
+    let qb = ((word(lw + 1u) >> lsh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> hsh) & 0x03030303u) << 4u);
     return V8((u8x4(qa) - 32.0) * dl, (u8x4(qb) - 32.0) * dl);
 }
+
+#if WIDE
+// Chunk c (0..3): half hh = c >> 1, l = 16m .. 16m + 16 with m = c & 1: ql[64hh + l] (vec4 4hh + m),
+// ql[64hh + 32 + l] (4hh + 2 + m), qh[32hh + l] (8 + 2hh + m); x runs r = 0..3 at 128hh + 16m + 32r,
+// scale bytes 8hh + m + 2r: byte m + 2 (r & 1) of scale word 2hh + (r >> 1) (vec4 12).
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 64u;
+const CPB: u32 = 4u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 16> {
+    let o = b * 64u + (c >> 1u) * 32u + (c & 1u) * 4u;
+    return x_runs4(r, o, o + 8u, o + 16u, o + 24u);
+}
+fn i8_at(v: u32, byte: u32) -> f32 { return f32(bitcast<i32>(v << (24u - byte * 8u)) >> 24u); }
+struct CW { la: vec4<u32>, lb: vec4<u32>, qh: vec4<u32>, sc: vec4<u32>, d: f32 }
+fn chunk_load(blk: u32, c: u32) -> CW {
+    let o = blk * 13u + (c >> 1u) * 4u + (c & 1u);
+    return CW(w[o], w[o + 2u], w[blk * 13u + 8u + (c >> 1u) * 2u + (c & 1u)], w[blk * 13u + 12u], split_d(blk));
+}
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 16>) -> f32 {
+    let hh = c >> 1u;
+    let m = c & 1u;
+    let la = cw.la;
+    let lb = cw.lb;
+    let qh = cw.qh;
+    let scw = cw.sc;
+    let s01 = select(scw.x, scw.z, hh == 1u);
+    let s23 = select(scw.y, scw.w, hh == 1u);
+    let k = 0x03030303u;
+    let t0 = dot_nib_hi(la, 0u, qh, 0u, k, xr[0], xr[1], xr[2], xr[3]) - 32.0 * hsum(xr[0] + xr[1] + xr[2] + xr[3]);
+    let t1 = dot_nib_hi(lb, 0u, qh, 2u, k, xr[4], xr[5], xr[6], xr[7]) - 32.0 * hsum(xr[4] + xr[5] + xr[6] + xr[7]);
+    let t2 = dot_nib_hi(la, 4u, qh, 4u, k, xr[8], xr[9], xr[10], xr[11]) - 32.0 * hsum(xr[8] + xr[9] + xr[10] + xr[11]);
+    let t3 = dot_nib_hi(lb, 4u, qh, 6u, k, xr[12], xr[13], xr[14], xr[15]) - 32.0 * hsum(xr[12] + xr[13] + xr[14] + xr[15]);
+    let s = i8_at(s01, m) * t0 + i8_at(s01, m + 2u) * t1 + i8_at(s23, m) * t2 + i8_at(s23, m + 2u) * t3;
+    return cw.d * s;
+}
+#endif

@@ -5,5 +5,21 @@ const QW: u32 = 8u;
 fn dq8(blk: u32, j: u32) -> V8 {
     let d = split_d(blk);
     let o = blk * 8u + j * 2u;
-    return V8(i8x4(w[o]) * d, i8x4(w[o + 1u]) * d);
+    return V8(i8x4(word(o)) * d, i8x4(word(o + 1u)) * d);
 }
+
+#if WIDE
+const WQK: u32 = QK;          // elements per wide block
+const CE: u32 = 32u;
+const CPB: u32 = 1u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
+struct CW { a: vec4<u32>, b: vec4<u32>, d: f32 }
+fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 2u], w[blk * 2u + 1u], split_d(blk)); }
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    let a = cw.a;
+    let b = cw.b;
+    let s = dot(i8x4(a.x), xr[0]) + dot(i8x4(a.y), xr[1]) + dot(i8x4(a.z), xr[2]) + dot(i8x4(a.w), xr[3])
+          + dot(i8x4(b.x), xr[4]) + dot(i8x4(b.y), xr[5]) + dot(i8x4(b.z), xr[6]) + dot(i8x4(b.w), xr[7]);
+    return cw.d * s;
+}
+#endif
