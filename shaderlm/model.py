@@ -27,26 +27,38 @@ def default_model_path() -> str:
 def architectures():
     from .models.gemma3 import Gemma3
     from .models.llama import Llama
+    from .models.phi3 import Phi3
     from .models.qwen3 import Qwen3
-    return {"llama": Llama, "mistral": Llama, "qwen2": Llama, "qwen3": Qwen3, "gemma3": Gemma3}
+    return {"llama": Llama, "mistral": Llama, "qwen2": Llama, "qwen3": Qwen3, "gemma3": Gemma3, "phi3": Phi3}
+
+
+def open_model(path, quantize=None):
+    """A GGUF file or a Hugging Face checkpoint folder (both give .tensors, .metadata, config())."""
+    if os.path.isdir(path):
+        from .formats.hf import HFCheckpoint
+        return HFCheckpoint(path, quantize=quantize)
+    if quantize:
+        raise ShaderLMError(f"{path}: --quantize applies to Hugging Face folders; a GGUF file keeps its own types")
+    from .formats.gguf import GGUFFile
+    return GGUFFile(path)
 
 
 class Model:
     def __init__(self, path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True,
-                 fuse=None):
-        from .formats.gguf import GGUFFile
+                 fuse=None, quantize=None):
         from .formats.tokenizer import Tokenizer
         from .gpu.device import get_device
 
-        self.path = path or default_model_path()
-        self.gguf = GGUFFile(self.path)
+        self.path = os.fspath(path or default_model_path())
+        self.gguf = open_model(self.path, quantize)
         self.config = self.gguf.config()
         archs = architectures()
         cls = archs.get(self.config.arch)
         if cls is None:
             raise UnsupportedError(f"{self.path}: architecture {self.config.arch!r} is not supported; "
                                    f"supported: {', '.join(sorted(archs))}")
-        self.tokenizer = Tokenizer.from_metadata(self.gguf.metadata)
+        self.tokenizer = self.gguf.tokenizer() if hasattr(self.gguf, "tokenizer") else \
+            Tokenizer.from_metadata(self.gguf.metadata)
         self.device = get_device(device)
         bar = _Progress(sum(t.n_bytes for t in self.gguf.tensors.values()), os.path.basename(self.path)) \
             if progress else None

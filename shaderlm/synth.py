@@ -6,11 +6,13 @@ random block bytes with finite f16 scales chosen so that the dequantized weights
 of about clip(1/sqrt(in_features), 0.02, 0.1).
 
     python -m shaderlm.synth --preset llama-3.1-8b --quant Q4_K_M --out /tmp/llama8b.gguf
+    python -m shaderlm.synth --size qwen2.5-7b --format hf --quant BF16 --shard-mb 4096 --out /tmp/qwen7b
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import json
 import math
 import os
 import re
@@ -32,7 +34,7 @@ __all__ = ["PRESETS", "QUANT_MIXES", "write_synthetic_gguf", "tensor_plan", "mai
 # presets
 
 _BASE = dict(arch="llama", rope_base=10000.0, rms_eps=1e-5, tied=False, rope_freqs=None, tokenizer="tiny",
-             attn_bias=None, qk_norm=None, sliding_window=0, head_dim=None)
+             attn_bias=None, qk_norm=None, sliding_window=0, head_dim=None, rope_factors=None)
 
 PRESETS: dict[str, dict[str, Any]] = {
     # test size: nothing is a multiple of 64 where the 32-element block formats allow it
@@ -60,6 +62,14 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gemma3-270m": dict(arch="gemma3", dim=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256,
                         ffn_dim=2048, vocab_size=262144, context_length=32768, rope_base=1000000.0,
                         rms_eps=1e-6, tied=True, tokenizer="smollm2", sliding_window=512),
+    "qwen2.5-0.5b": dict(arch="qwen2", dim=896, n_layers=24, n_heads=14, n_kv_heads=2, ffn_dim=4864,
+                         vocab_size=151936, context_length=32768, rope_base=1000000.0, rms_eps=1e-6,
+                         tied=True, tokenizer="smollm2"),
+    "mistral-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32768,
+                       context_length=32768, rope_base=1000000.0, tied=False, tokenizer="tiny"),
+    "phi3-mini": dict(arch="phi3", dim=3072, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=8192,
+                      vocab_size=32064, context_length=4096, rope_base=10000.0, tied=False, tokenizer="tiny",
+                      sliding_window=2047),
 }
 
 # per-arch defaults for the tiny presets
@@ -69,6 +79,8 @@ _ARCH_DEFAULTS = {
     "qwen3": dict(rms_eps=1e-6, rope_base=1000000.0),
     # 6 layers so that one of them is global (llama.cpp's Gemma 3 pattern: every 6th layer)
     "gemma3": dict(rms_eps=1e-6, rope_base=1000000.0, sliding_window=8, n_layers=6, tied=True),
+    # fused attn_qkv and ffn_up ([gate; up]); LongRoPE factors when rope_factors is set
+    "phi3": dict(),
 }
 ARCHS = tuple(_ARCH_DEFAULTS)
 
@@ -178,12 +190,18 @@ def tensor_plan(cfg: dict[str, Any], quant: str, embed_type: str | None) -> list
     add("token_embd.weight", (V, d), mat("token_embd"))
     if cfg["rope_freqs"]:
         add("rope_freqs.weight", (hd // 2,), "F32")
+    if cfg["rope_factors"]:
+        add("rope_factors_long.weight", (hd // 2,), "F32")
+        add("rope_factors_short.weight", (hd // 2,), "F32")
     for i in range(L):
         b = f"blk.{i}."
         add(b + "attn_norm.weight", (d,), "F32")
-        add(b + "attn_q.weight", (nh * hd, d), mat("attn_q", i))
-        add(b + "attn_k.weight", (nkv * hd, d), mat("attn_k", i))
-        add(b + "attn_v.weight", (nkv * hd, d), mat("attn_v", i))
+        if a == "phi3":
+            add(b + "attn_qkv.weight", ((nh + 2 * nkv) * hd, d), mat("attn_q", i))
+        else:
+            add(b + "attn_q.weight", (nh * hd, d), mat("attn_q", i))
+            add(b + "attn_k.weight", (nkv * hd, d), mat("attn_k", i))
+            add(b + "attn_v.weight", (nkv * hd, d), mat("attn_v", i))
         if cfg["attn_bias"]:
             add(b + "attn_q.bias", (nh * hd,), "F32")
             add(b + "attn_k.bias", (nkv * hd,), "F32")
@@ -195,8 +213,11 @@ def tensor_plan(cfg: dict[str, Any], quant: str, embed_type: str | None) -> list
         if a == "gemma3":
             add(b + "post_attention_norm.weight", (d,), "F32")
         add(b + "ffn_norm.weight", (d,), "F32")
-        add(b + "ffn_gate.weight", (ffn, d), mat("ffn_gate", i))
-        add(b + "ffn_up.weight", (ffn, d), mat("ffn_up", i))
+        if a == "phi3":
+            add(b + "ffn_up.weight", (2 * ffn, d), mat("ffn_up", i))
+        else:
+            add(b + "ffn_gate.weight", (ffn, d), mat("ffn_gate", i))
+            add(b + "ffn_up.weight", (ffn, d), mat("ffn_up", i))
         add(b + "ffn_down.weight", (d, ffn), mat("ffn_down", i))
         if a == "gemma3":
             add(b + "post_ffw_norm.weight", (d,), "F32")
@@ -297,6 +318,8 @@ def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
 def _vector(name: str, n: int, cfg: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
     if name == "rope_freqs.weight":
         return _llama3_rope_factors(cfg)
+    if name.startswith("rope_factors_"):
+        return np.asarray(cfg["rope_factors"]["long" if "long" in name else "short"], np.float32)
     if name.endswith(".bias"):
         return (rng.standard_normal(n, dtype=np.float32) * 0.1).astype(np.float32)
     return rng.uniform(0.8, 1.2, n).astype(np.float32)        # norm weights near 1
@@ -421,7 +444,9 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
                          progress: Callable[[int, int], None] | None = None, **overrides) -> str:
     """Write a random-weight GGUF with real shapes and tensor types; return its path.
 
-    preset: one of PRESETS (default "tiny"); arch: llama (default for most presets), qwen2, qwen3, gemma3.
+    preset: one of PRESETS (default "tiny"); arch: llama (default for most presets), qwen2, qwen3, gemma3,
+    phi3 (fused attn_qkv / ffn_up; rope_factors=dict(long=[...], short=[...], original_context_length=N)
+    adds LongRoPE factor tensors).  :func:`write_synthetic_hf` writes the same shapes as an HF folder.
     quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
     Q6_K) with token_embd in ``embed_type`` (default Q8_0); or a llama.cpp mix, "Q4_K_M" / "Q5_K_M":
     Q4_K / Q5_K, with Q6_K for the output head, for a tied embedding and for attn_v / ffn_down in
@@ -459,8 +484,14 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
     if cfg["head_dim"] != cfg["dim"] // cfg["n_heads"] or a in ("gemma3", "qwen3"):
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    if a == "gemma3" and cfg["sliding_window"]:
+    if a in ("gemma3", "phi3") and cfg["sliding_window"]:
         w.add_sliding_window(cfg["sliding_window"])
+    if a == "phi3":
+        w.add_rope_dimension_count(cfg["head_dim"])
+        if cfg["rope_factors"]:
+            w.add_rope_scaling_orig_ctx_len(int(cfg["rope_factors"]["original_context_length"]))
+            if "attn_factor" in cfg["rope_factors"]:
+                w.add_rope_scaling_attn_factors(float(cfg["rope_factors"]["attn_factor"]))
     w.add_tokenizer_model(tok["model"])
     w.add_tokenizer_pre(tok["pre"])
     w.add_token_list(tok["tokens"])
@@ -521,6 +552,195 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
 
 
 # ----------------------------------------------------------------------------------------------------------
+# Hugging Face folders
+
+_HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
+            "qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
+            "phi3": ("Phi3ForCausalLM", "phi3")}
+
+
+def write_hf_tokenizer(folder: str | os.PathLike, kind: str = "tiny", vocab_size: int = 300) -> None:
+    """tokenizer.json (byte-level BPE: the synthetic tokenizer, or SmolLM2's) and tokenizer_config.json
+    (special tokens, chat template) in ``folder``."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    tok = _tokenizer_kv(kind, vocab_size)
+    tokens = tok["tokens"]
+    vocab = {t: i for i, t in enumerate(tokens)}
+    merges = [tuple(m.split(" ", 1)) for m in tok["merges"]]
+    hf = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    level = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    hf.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), level]) \
+        if tok["pre"] == "smollm" else level
+    hf.decoder = decoders.ByteLevel()
+    hf.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                           for t, ty in zip(tokens, tok["types"]) if ty == 3])
+    os.makedirs(folder, exist_ok=True)
+    hf.save(os.path.join(folder, "tokenizer.json"))
+    tcfg = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": tokens[tok["bos"]],
+            "eos_token": tokens[tok["eos"]], "pad_token": tokens[tok["pad"]], "unk_token": None,
+            "add_bos_token": False, "model_max_length": 1 << 20, "chat_template": tok["template"]}
+    with open(os.path.join(folder, "tokenizer_config.json"), "w", encoding="utf-8") as f:
+        json.dump(tcfg, f, indent=1)
+
+
+def hf_config(cfg: dict[str, Any], dtype: str = "bfloat16") -> dict[str, Any]:
+    """config.json for a resolved synthetic config (transformers 4.x key layout, which 5.x also reads)."""
+    a = cfg["arch"]
+    hf_arch, model_type = _HF_ARCH[a]
+    out: dict[str, Any] = {
+        "architectures": [hf_arch], "model_type": model_type, "vocab_size": cfg["vocab_size"],
+        "hidden_size": cfg["dim"], "intermediate_size": cfg["ffn_dim"], "num_hidden_layers": cfg["n_layers"],
+        "num_attention_heads": cfg["n_heads"], "num_key_value_heads": cfg["n_kv_heads"],
+        "head_dim": cfg["head_dim"], "max_position_embeddings": cfg["context_length"],
+        "rms_norm_eps": cfg["rms_eps"], "rope_theta": cfg["rope_base"], "tie_word_embeddings": bool(cfg["tied"]),
+        "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
+    }
+    if a == "gemma3":
+        n = cfg["n_layers"]
+        out.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": cfg["head_dim"],
+                    "sliding_window": cfg["sliding_window"], "rope_local_base_freq": 10000.0,
+                    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(n)],
+                    "final_logit_softcapping": None, "attn_logit_softcapping": None, "rope_scaling": None})
+    else:
+        out["hidden_act"] = "silu"
+    if a == "llama":
+        out["attention_bias"] = False
+        if cfg["rope_freqs"]:
+            rf = cfg["rope_freqs"]
+            out["rope_scaling"] = {"rope_type": "llama3", "factor": rf["factor"], "low_freq_factor": rf["low_freq_factor"],
+                                   "high_freq_factor": rf["high_freq_factor"],
+                                   "original_max_position_embeddings": rf["original_context_length"]}
+    if a == "phi3":
+        out["sliding_window"] = cfg["sliding_window"] or None
+        if cfg["rope_factors"]:
+            rf = cfg["rope_factors"]
+            out["original_max_position_embeddings"] = rf["original_context_length"]
+            out["rope_scaling"] = {"type": "longrope", "long_factor": list(map(float, rf["long"])),
+                                   "short_factor": list(map(float, rf["short"]))}
+    return out
+
+
+def hf_tensor_plan(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
+    """[(HF name, shape)] of a resolved synthetic config."""
+    a, d, L = cfg["arch"], cfg["dim"], cfg["n_layers"]
+    hd, nh, nkv, ffn, V = cfg["head_dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["ffn_dim"], cfg["vocab_size"]
+    plan = [("model.embed_tokens.weight", (V, d))]
+    for i in range(L):
+        b = f"model.layers.{i}."
+        plan.append((b + "input_layernorm.weight", (d,)))
+        if a == "phi3":
+            plan.append((b + "self_attn.qkv_proj.weight", ((nh + 2 * nkv) * hd, d)))
+        else:
+            plan += [(b + "self_attn.q_proj.weight", (nh * hd, d)), (b + "self_attn.k_proj.weight", (nkv * hd, d)),
+                     (b + "self_attn.v_proj.weight", (nkv * hd, d))]
+        if cfg["attn_bias"]:
+            plan += [(b + "self_attn.q_proj.bias", (nh * hd,)), (b + "self_attn.k_proj.bias", (nkv * hd,)),
+                     (b + "self_attn.v_proj.bias", (nkv * hd,))]
+        if cfg["qk_norm"]:
+            plan += [(b + "self_attn.q_norm.weight", (hd,)), (b + "self_attn.k_norm.weight", (hd,))]
+        plan.append((b + "self_attn.o_proj.weight", (d, nh * hd)))
+        plan.append((b + "post_attention_layernorm.weight", (d,)))
+        if a == "gemma3":
+            plan += [(b + "pre_feedforward_layernorm.weight", (d,)), (b + "post_feedforward_layernorm.weight", (d,))]
+        if a == "phi3":
+            plan.append((b + "mlp.gate_up_proj.weight", (2 * ffn, d)))
+        else:
+            plan += [(b + "mlp.gate_proj.weight", (ffn, d)), (b + "mlp.up_proj.weight", (ffn, d))]
+        plan.append((b + "mlp.down_proj.weight", (d, ffn)))
+    plan.append(("model.norm.weight", (d,)))
+    if not cfg["tied"]:
+        plan.append(("lm_head.weight", (V, d)))
+    return plan
+
+
+_ST_DTYPE = {"F32": (4, "float32"), "F16": (2, "float16"), "BF16": (2, "bfloat16")}
+
+
+def write_synthetic_hf(folder: str | os.PathLike, arch: str | None = None, preset: str | None = None,
+                       dtype: str = "BF16", seed: int = 0, shard_bytes: int | None = None,
+                       progress: Callable[[int, int], None] | None = None, **overrides) -> str:
+    """Write a random-weight Hugging Face folder (config.json, model*.safetensors [+ index],
+    tokenizer.json, tokenizer_config.json) with real shapes; return the folder.  dtype: F32, F16 or
+    BF16.  shard_bytes: split the weights into files of about this size (with the index file), as
+    large checkpoints are.  Tensors are written a chunk at a time (memory stays small)."""
+    folder = os.fspath(folder)
+    dtype = dtype.upper()
+    if dtype not in _ST_DTYPE:
+        raise ValueError(f"HF folders hold F32, F16 or BF16 weights, not {dtype!r}")
+    cfg = _resolve(preset, arch, overrides)
+    plan = hf_tensor_plan(cfg)
+    esize, tname = _ST_DTYPE[dtype]
+    os.makedirs(folder, exist_ok=True)
+    with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
+        json.dump(hf_config(cfg, tname), f, indent=1)
+    write_hf_tokenizer(folder, cfg["tokenizer"], cfg["vocab_size"])
+    # shards
+    shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
+    size = 0
+    for name, shape in plan:
+        nb = math.prod(shape) * esize
+        if shard_bytes and shards[-1] and size + nb > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append((name, shape))
+        size += nb
+    names = ["model.safetensors"] if len(shards) == 1 else \
+        [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    total = sum(math.prod(sh) * esize for _, sh in plan)
+    done = 0
+    gemma = cfg["arch"] == "gemma3"
+    for fname, shard in zip(names, shards):
+        header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+        off = 0
+        for name, shape in shard:
+            nb = math.prod(shape) * esize
+            header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + nb]}
+            off += nb
+        head = json.dumps(header, separators=(",", ":")).encode()
+        head += b" " * (-len(head) % 8)
+        with open(os.path.join(folder, fname), "wb") as f:
+            f.write(len(head).to_bytes(8, "little"))
+            f.write(head)
+            for name, shape in shard:
+                rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
+                if len(shape) == 1:
+                    if name.endswith(".bias"):
+                        x = rng.standard_normal(shape[0], dtype=np.float32) * 0.1
+                    elif gemma:          # Gemma scales by (1 + w)
+                        x = rng.uniform(-0.2, 0.2, shape[0]).astype(np.float32)
+                    else:
+                        x = rng.uniform(0.8, 1.2, shape[0]).astype(np.float32)
+                    f.write(_to_dtype(x.reshape(1, -1), dtype).tobytes())
+                    done += shape[0] * esize
+                    continue
+                rows, row_len = shape
+                std = _weight_std(row_len)
+                step = max(1, (64 << 20) // (row_len * 4))
+                for r0 in range(0, rows, step):
+                    n = min(step, rows - r0)
+                    data = _random_float_rows(dtype, n, row_len, std, rng)
+                    f.write(memoryview(np.ascontiguousarray(data)).cast("B"))
+                    done += data.nbytes
+                    if progress is not None:
+                        progress(done, total)
+    if len(names) > 1:
+        wm = {name: fname for fname, shard in zip(names, shards) for name, _ in shard}
+        with open(os.path.join(folder, "model.safetensors.index.json"), "w", encoding="utf-8") as f:
+            json.dump({"metadata": {"total_size": total}, "weight_map": wm}, f, indent=1)
+    return folder
+
+
+def _to_dtype(x: np.ndarray, dtype: str) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    if dtype == "F32":
+        return x
+    if dtype == "F16":
+        return x.astype(np.float16)
+    return (x.view(np.uint32) >> 16).astype(np.uint16)
+
+
+# ----------------------------------------------------------------------------------------------------------
 # CLI
 
 
@@ -540,15 +760,20 @@ def _parse_value(v: str) -> Any:
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
     p = parser or argparse.ArgumentParser(prog="python -m shaderlm.synth",
                                           description="Write a random-weight GGUF model with real shapes.")
-    p.add_argument("--preset", default="tiny", choices=list(PRESETS), help="model shapes (default: tiny)")
+    p.add_argument("--preset", "--size", dest="preset", default="tiny", choices=list(PRESETS),
+                   help="model shapes (default: tiny)")
     p.add_argument("--arch", default=None, choices=list(ARCHS), help="architecture (default: the preset's)")
-    p.add_argument("--quant", default="Q4_1", help="tensor type or mix: " + ", ".join(_SINGLE_TYPES + QUANT_MIXES))
+    p.add_argument("--quant", default=None, help="tensor type or mix: " + ", ".join(_SINGLE_TYPES + QUANT_MIXES)
+                   + " (default Q4_1); for --format hf: F32, F16 or BF16 (default BF16)")
+    p.add_argument("--format", default="gguf", choices=["gguf", "hf"],
+                   help="a GGUF file, or a Hugging Face folder (config.json, safetensors, tokenizer.json)")
+    p.add_argument("--shard-mb", type=int, default=0, help="--format hf: split the weights into files of this size")
     p.add_argument("--embed-type", default=None,
                    help="token_embd type for single-type files (default Q8_0; mixes follow llama.cpp)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="override a shape, e.g. --set n_layers=4 (repeatable)")
-    p.add_argument("--out", "-o", required=True, help="output .gguf path")
+    p.add_argument("--out", "-o", required=True, help="output .gguf path (a folder for --format hf)")
     p.add_argument("--quiet", "-q", action="store_true")
     return p
 
@@ -574,13 +799,19 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     try:
-        write_synthetic_gguf(args.out, arch=args.arch, preset=args.preset, quant=args.quant, embed_type=embed,
-                             seed=args.seed, progress=progress, **overrides)
+        if getattr(args, "format", "gguf") == "hf":
+            write_synthetic_hf(args.out, arch=args.arch, preset=args.preset, dtype=args.quant or "BF16",
+                               seed=args.seed, shard_bytes=(args.shard_mb << 20) or None, progress=progress,
+                               **overrides)
+        else:
+            write_synthetic_gguf(args.out, arch=args.arch, preset=args.preset, quant=args.quant or "Q4_1",
+                                 embed_type=embed, seed=args.seed, progress=progress, **overrides)
     except (ValueError, TypeError) as e:
         sys.stderr.write(f"error: {e}\n")
         return 2
     if not args.quiet:
-        size = os.path.getsize(args.out)
+        size = os.path.getsize(args.out) if os.path.isfile(args.out) else \
+            sum(os.path.getsize(os.path.join(args.out, n)) for n in os.listdir(args.out))
         sys.stderr.write(f"\nwrote {args.out}: {size / 1e9:.3f} GB ({size:,} bytes) in {time.time() - t0:.1f} s\n")
     return 0
 

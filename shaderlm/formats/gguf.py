@@ -596,6 +596,7 @@ class GGUFFile:
         stype = scaling.get("type")
         if stype is not None:
             extra["rope_scaling_type"] = stype
+        if scaling:                     # Phi-3 writes attn_factor / original_context_length without a type
             extra["rope_scaling"] = scaling
         if stype == "linear":
             rope_scale = float(scaling.get("factor", 1.0)) or 1.0

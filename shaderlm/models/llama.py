@@ -19,21 +19,39 @@ class Llama(Transformer):
         self.layers = []
         for i in range(c.n_layers):
             p = f"blk.{i}."
-            q, k, v = p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"
-            gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
             L = {"attn_norm": self.vector(p + "attn_norm.weight"), "ffn_norm": self.vector(p + "ffn_norm.weight")}
             # Q, K, V (and gate, up) read the same input: one matmul when they share a type
-            L["qkv"] = [self.matrix(q, k, v)] if self.fusable(q, k, v) else \
-                [self.matrix(q), self.matrix(k), self.matrix(v)]
+            L["qkv"] = self.qkv_weights(p)
             L["qkv_bias"] = [self.vector(p + n, required=False) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")]
             L["wo"] = self.matrix(p + "attn_output.weight")
-            L["gate_up"] = [self.matrix(gate, up)] if self.fusable(gate, up) else [self.matrix(gate), self.matrix(up)]
+            L["gate_up"] = self.gate_up_weights(p)
             L["down"] = self.matrix(p + "ffn_down.weight")
             if any(b is not None for b in L["qkv_bias"]):
                 L["qkv_bias"] = [self._bias_cat(L["qkv_bias"])]
             else:
                 L["qkv_bias"] = None
             self.layers.append(L)
+
+    def qkv_weights(self, p: str) -> list:
+        """Hook: layer p's Q, K, V projections (rows stacked in that order). Q, K, V read the same
+        input: one matmul when they share a type."""
+        q, k, v = p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"
+        return [self.matrix(q, k, v)] if self.fusable(q, k, v) else [self.matrix(q), self.matrix(k), self.matrix(v)]
+
+    def gate_up_weights(self, p: str) -> list:
+        """Hook: layer p's gate and up projections ([gate; up] rows), fused when they share a type."""
+        gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
+        return [self.matrix(gate, up)] if self.fusable(gate, up) else [self.matrix(gate), self.matrix(up)]
+
+    def attn_params(self, i: int) -> dict:
+        """Hook: layer i's attention scale and sliding window (0: none). The window is set for HF
+        Mistral/Phi-3 configs (extra["sliding_window"], optionally only on extra["swa_layers"])."""
+        ex = self.cfg.extra
+        window = int(ex.get("sliding_window", 0) or 0)
+        swa = ex.get("swa_layers")
+        if swa is not None and not swa[i]:
+            window = 0
+        return dict(scale=float(ex.get("attn_scale", 1.0 / math.sqrt(self.cfg.head_dim))), window=window)
 
     def _bias_cat(self, parts):
         """Q, K, V biases as one vector over the qkv rows (zeros where a bias is absent)."""
@@ -69,7 +87,7 @@ class Llama(Transformer):
                               tiled=self.tiled, **norm)
             row0 += w.rows
         out += self.qkv_ops(i, tt)
-        attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, scale=1.0 / math.sqrt(c.head_dim))
+        attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, **self.attn_params(i))
         if decode:
             out.append(ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn,
                                      inv_freq=self.inv_freq, rope_dim=c.rope_dim, neox=c.rope_neox))

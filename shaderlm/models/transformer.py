@@ -56,7 +56,15 @@ class Transformer:
         else:
             w = concat_rows(self.dev, "+".join(names), [(t.name, t.type, t.shape, t.data) for t in ts])
         self.weight_bytes += w.nbytes
+        self._release(ts)
         return w
+
+    def _release(self, ts):
+        """Hook: tell the source the tensors are on the GPU (an HF folder drops their mapped pages)."""
+        release = getattr(self.gguf, "release", None)
+        if release is not None:
+            for t in ts:
+                release(t)
 
     def vector(self, name: str, required=True):
         """A 1-D tensor (norm weight, bias) as f32 on the GPU."""
@@ -69,6 +77,7 @@ class Transformer:
             np.frombuffer(t.data, np.float32)
         buf = self.dev.upload(np.ascontiguousarray(vals, np.float32), label=name)
         self.weight_bytes += buf.size
+        self._release([t])
         return buf
 
     def fusable(self, *names) -> bool:
