@@ -30,10 +30,11 @@ def bench_prompt(model, n: int, reps: int) -> list[float]:
     return out
 
 
-def bench_gen(model, n: int, reps: int) -> list[float]:
+def bench_gen(model, n: int, reps: int) -> tuple[list[float], list[float]]:
+    """Decode tok/s per repetition, and the CPU seconds per token spent encoding."""
     gen = model.generator
     from .engine.generate import Sampling
-    out = []
+    out, cpu = [], []
     for r in range(reps + 1):
         gen.reset()
         toks = list(gen.generate([1], n, Sampling(), stop_ids=(), keep_history=False))
@@ -41,7 +42,8 @@ def bench_gen(model, n: int, reps: int) -> list[float]:
         s = gen.stats
         if r:
             out.append((s.decode_tokens - 1) / s.decode_s if s.decode_s else 0.0)
-    return out
+            cpu.append(s.encode_s / max(s.decode_tokens - 1, 1))
+    return out, cpu
 
 
 def run(args):
@@ -66,19 +68,22 @@ def run(args):
                 rows.append(_row(name, size, quant, f"pp{p}", tps, 0, peak))
         for n in args.n:
             if n:
-                tps = bench_gen(model, n, args.r)
+                tps, cpu = bench_gen(model, n, args.r)
                 rows.append(_row(name, size, quant, f"tg{n}", tps, decode_bytes(model), peak,
-                                 dispatches=len(model.net.plan_decode), per_submit=model.generator.k))
+                                 dispatches=len(model.net.plan_decode), per_submit=model.generator.k,
+                                 cpu_ms_per_token=1000 * statistics.median(cpu)))
         device = model.device.name
     if args.json:
         print(json.dumps({"device": device, "results": rows}, indent=1))
         return
-    cols = ["model", "size", "test", "tok/s", "+/-", "ms/tok", "MB/tok", "GB/s", "%peak"]
+    cols = ["model", "size", "test", "tok/s", "+/-", "ms/tok", "cpu ms/tok", "MB/tok", "GB/s", "%peak"]
     print(f"device: {device}")
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
         vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", r["test"], f"{r['tps']:.1f}", f"{r['spread']:.1f}",
-                f"{1000 / r['tps']:.3f}" if r["tps"] else "-", f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
+                f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
+                f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",
+                f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
                 f"{r['gbs']:.0f}" if r["bytes"] else "-", f"{r['pct_peak']:.0f}" if r.get("pct_peak") else "-"]
         print(" | ".join(f"{v:>10}" for v in vals))
 

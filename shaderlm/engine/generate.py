@@ -32,6 +32,7 @@ class Stats:
     decode_tokens: int = 0
     decode_s: float = 0.0
     submits: int = 0
+    encode_s: float = 0.0     # CPU time spent recording decode batches (overlaps the GPU's work)
     stop_reason: str = ""
     extra: dict = field(default_factory=dict)
 
@@ -100,10 +101,13 @@ class Generator:
         """A command buffer feeding the token at `pos` and sampling k more, their ids copied to a
         readback buffer. The state write is queued now and lands after whatever is already
         submitted, right before this batch."""
+        t0 = time.perf_counter()
         staging = self._staging[slot]
         self.m.set_state(pos, 1, 0)
         copy = lambda enc: enc.copy_buffer_to_buffer(self.m.tokens, 4 * (pos + 1), staging, 0, 4 * k)  # noqa: E731
-        return pos, k, self.m.plan_decode.record(1, repeat=k, then=copy), staging
+        cb = self.m.plan_decode.record(1, repeat=k, then=copy)
+        self.stats.encode_s += time.perf_counter() - t0
+        return pos, k, cb, staging
 
     def logits(self, ids) -> np.ndarray:
         """Logits for every position of `ids` (a fresh sequence), shape (len, vocab)."""

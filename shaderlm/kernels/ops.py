@@ -121,7 +121,7 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass; 8 rows
     share each x chunk on long rows, 4 on short ones (half that with GLU, which reads two rows each).
     Chosen from a sweep of 32..256 x 4..8 on an H100 (bench/gemv_sweep.py). SHADERLM_GEMV="WG,ROWS"
-    overrides, for tuning; "old" selects matmul.wgsl instead, for comparisons."""
+    overrides, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
         wg, rows = (int(v) for v in env.split(","))
@@ -201,10 +201,13 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     if fused and dev.has_subgroups:
         # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims)
         sgs = dev.subgroup_size
-        wg = 256 if sgs >= 16 else 16 * sgs
+        wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 \
+            else 16 * sgs
+        unroll = 4
+        if os.environ.get("SHADERLM_ATTN"):          # "WG,UNROLL", for tuning
+            wg, unroll = (int(v) for v in os.environ["SHADERLM_ATTN"].split(","))
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
-                            MAXSG=wg // sgs, NEOX=neox,
-                            UNROLL=8 if cdiv(head_dim // 2, sgs) <= 2 else 4)
+                            MAXSG=wg // sgs, NEOX=neox, UNROLL=unroll)
         params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
         bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
         return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode")
