@@ -76,16 +76,26 @@ def run(args):
     if args.json:
         print(json.dumps({"device": device, "results": rows}, indent=1))
         return
-    cols = ["model", "size", "test", "tok/s", "+/-", "ms/tok", "cpu ms/tok", "MB/tok", "GB/s", "%peak"]
+    cols = ["model", "size", "quant", "test", "tok/s", "+/-", "ms/tok", "cpu ms/tok", "MB/tok", "GB/s", "%peak"]
     print(f"device: {device}")
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
-        vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", r["test"], f"{r['tps']:.1f}", f"{r['spread']:.1f}",
+        vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", _quant_name(r["quant"]), r["test"],
+                f"{r['tps']:.1f}", f"{r['spread']:.1f}",
                 f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
                 f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",
                 f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
                 f"{r['gbs']:.0f}" if r["bytes"] else "-", f"{r['pct_peak']:.0f}" if r.get("pct_peak") else "-"]
         print(" | ".join(f"{v:>10}" for v in vals))
+
+
+def _quant_name(file_type) -> str:
+    """general.file_type (llama.cpp's LlamaFileType number) as its name, e.g. 15 -> Q4_K_M."""
+    try:
+        from gguf.constants import LlamaFileType
+        return LlamaFileType(int(file_type)).name.replace("MOSTLY_", "").replace("ALL_", "")
+    except (ValueError, TypeError, ImportError):
+        return str(file_type or "-")
 
 
 def _row(name, size, quant, test, tps_list, nbytes, peak, **extra):

@@ -28,6 +28,8 @@ import numpy as np
 import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
+from .formats.gguf import start_tensor_data
+
 __all__ = ["PRESETS", "QUANT_MIXES", "write_synthetic_gguf", "tensor_plan", "main"]
 
 # ----------------------------------------------------------------------------------------------------------
@@ -511,12 +513,7 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
         w.add_tensor_info(name, shape, np.dtype(np.float32), nb, raw_dtype=GGMLQuantizationType[qtype])
     total = sum(sizes)
     try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        fout = w.fout[0]
-        align = w.data_alignment
-        fout.write(b"\0" * (-fout.tell() % align))
+        fout, align = start_tensor_data(w)
         done = 0
         chunk_bytes = 64 << 20
         for (name, shape, qtype), nb in zip(plan, sizes):

@@ -24,6 +24,7 @@ from gguf.constants import GGMLQuantizationType
 
 from ..errors import ShaderLMError, UnsupportedError
 from .hf import HFCheckpoint, _rows_f32
+from .gguf import start_tensor_data
 from .quantize import encode_rows, n_bytes, target_type
 
 __all__ = ["write_gguf", "permute_llama_rows"]
@@ -164,12 +165,7 @@ def write_gguf(src, out: str | os.PathLike, outtype: str = "auto", progress=None
     total = sum(p[3] for p in plan)
     permute = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads} if a == "llama" else {}
     try:
-        w.write_header_to_file()
-        w.write_kv_data_to_file()
-        w.write_ti_data_to_file()
-        fout = w.fout[0]
-        align = w.data_alignment
-        fout.write(b"\0" * (-fout.tell() % align))
+        fout, align = start_tensor_data(w)
         done = 0
         for name, t, qt, nb in plan:
             role = name.split(".")[-2] if name.startswith("blk.") else ""

@@ -650,3 +650,16 @@ class GGUFFile:
 
 def load_config(path: str | os.PathLike) -> ModelConfig:
     return GGUFFile(path).config()
+
+
+def start_tensor_data(writer) -> tuple:
+    """Write a gguf.GGUFWriter's header, metadata and tensor infos and pad to the data alignment.
+    Returns (file, alignment): the tensors' bytes are then streamed in the order they were added, each
+    padded to the alignment, so a writer never holds a whole model (synth.py, convert.py)."""
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    fout = writer.fout[0]
+    align = writer.data_alignment
+    fout.write(b"\0" * (-fout.tell() % align))
+    return fout, align

@@ -15,6 +15,7 @@
 #include quant_common
 #include {{QUANT}}
 #include reduce
+#include activation
 
 // The shape is compiled in: no parameter load stands between launch and the weight loads, and the
 // compiler knows the loop's trip count. (A model has a handful of distinct shapes.)
@@ -33,14 +34,6 @@ const p = P({{K}}u, {{NROWS}}u, {{ROW0}}u, {{DBASE}}u, {{Y_STRIDE}}u, {{EPS}});
 const NPART: u32 = {{WG}}u;                      // room for every subgroup's partial sums (x2 with GLU)
 var<workgroup> part: array<f32, {{ROWS}} * {{WG}}>;
 var<workgroup> norm_part: array<f32, {{WG}}>;
-
-fn act(g: f32) -> f32 {
-#if ACT_GELU
-    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
-#else
-    return g / (1.0 + exp(-g));
-#endif
-}
 
 // Where a token's x row starts (vec4s): passed down rather than kept in a private variable, to leave
 // the compiler nothing to spill. With NORM, xv returns x * norm weight, and each x vec4 loaded

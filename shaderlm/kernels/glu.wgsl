@@ -1,6 +1,6 @@
 // Gated FFN activation: out[t, i] = act(gate[t, i]) * up[t, i]; gu rows are [gate (ffn) | up (ffn)].
-// ACT_GELU: tanh-approximated GELU (Gemma); otherwise SiLU (Llama family's SwiGLU).
 #include state
+#include activation
 
 struct P { ffn: u32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -15,10 +15,5 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= p.ffn || t >= st.n) { return; }
     let g = gu[t * 2u * p.ffn + i];
     let u = gu[t * 2u * p.ffn + p.ffn + i];
-#if ACT_GELU
-    let a = 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
-#else
-    let a = g / (1.0 + exp(-g));
-#endif
-    out[t * p.ffn + i] = a * u;
+    out[t * p.ffn + i] = act(g) * u;
 }

@@ -9,6 +9,7 @@
 #include quant_common
 #include {{QUANT}}
 #include reduce
+#include activation
 #include state
 
 // first_from_state: the batch is rows [st.out_row0, st.n) (the LM head computing only the last
@@ -35,14 +36,6 @@ fn xv(xi: u32, g: u32, t: u32) -> vec4<f32> {
     return x[xi] * nw[g] * nscale[t];
 #else
     return x[xi];
-#endif
-}
-
-fn act(g: f32) -> f32 {
-#if ACT_GELU
-    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
-#else
-    return g / (1.0 + exp(-g));
 #endif
 }
 

@@ -96,6 +96,8 @@ def _wide_consts(kernel: str) -> dict:
     if "#if WIDE" not in src:
         return {}
     wide = src[src.index("#if WIDE"):]
+    for inc in re.findall(r"^#include (\S+)$", wide, re.M):      # a shared WIDE part (F16 / BF16)
+        wide += (KERNEL_DIR / f"{inc}.wgsl").read_text()
     vals = {k: v for k, v in re.findall(r"const (\w+): u32 = (\w+);", wide)}
     out = {}
     for k, v in vals.items():

@@ -84,3 +84,13 @@ fn k4_scale_min(a: u32, b: u32, c: u32, s: u32) -> vec2<u32> {
                        ((c >> (sh + 4u)) & 15u) | ((b >> (sh + 2u)) & 0x30u));
     return select(hi, lo, s < 4u);
 }
+
+// Q4_K / Q5_K chunk c's two sub-blocks (2 (c >> 1) in the low nibbles, the next in the high ones) from
+// the block's first vec4 h: (d * sc_lo, d * sc_hi, dmin * mn_lo, dmin * mn_hi).
+fn k4_chunk_scales(h: vec4<u32>, c: u32) -> vec4<f32> {
+    let dm = unpack2x16float(h.x);
+    let s0 = (c >> 1u) * 2u;
+    let a = k4_scale_min(h.y, h.z, h.w, s0);
+    let b = k4_scale_min(h.y, h.z, h.w, s0 + 1u);
+    return vec4<f32>(dm.x * f32(a.x), dm.x * f32(b.x), dm.y * f32(a.y), dm.y * f32(b.y));
+}

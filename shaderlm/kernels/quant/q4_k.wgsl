@@ -34,14 +34,11 @@ fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 9u], w[blk * 9u + 1u +
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let h = cw.h;
     let q = cw.q;
-    let dm = unpack2x16float(h.x);
-    let s0 = (c >> 1u) * 2u;
-    let a = k4_scale_min(h.y, h.z, h.w, s0);
-    let b = k4_scale_min(h.y, h.z, h.w, s0 + 1u);
+    let sc = k4_chunk_scales(h, c);
     let lo = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]);
     let hi = dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
     let xa = hsum(xr[0] + xr[1] + xr[2] + xr[3]);
     let xb = hsum(xr[4] + xr[5] + xr[6] + xr[7]);
-    return dm.x * (f32(a.x) * lo + f32(b.x) * hi) - dm.y * (f32(a.y) * xa + f32(b.y) * xb);
+    return sc.x * lo + sc.y * hi - (sc.z * xa + sc.w * xb);
 }
 #endif

@@ -1,0 +1,8 @@
+// The gated FFN's activation: ACT_GELU, tanh-approximated GELU (Gemma); otherwise SiLU (Llama's SwiGLU).
+fn act(g: f32) -> f32 {
+#if ACT_GELU
+    return 0.5 * g * (1.0 + tanh(clamp(0.7978845608028654 * (g + 0.044715 * g * g * g), -15.0, 15.0)));
+#else
+    return g / (1.0 + exp(-g));
+#endif
+}
