@@ -116,14 +116,22 @@ def wide_block(q) -> int:
     return _wide_consts(q.kernel)["WQK"]
 
 
+# Bytes one lane loads per row for one chunk (its chunk_load: weight words plus the shared header or
+# split scale word), for sizing the rows a lane keeps in flight.
+CHUNK_LOAD_BYTES = {"F16": 64, "BF16": 64, "Q8_0": 36, "Q4_0": 20, "Q4_1": 20, "Q5_1": 24, "Q4_K": 32,
+                    "Q5_K": 48, "Q6_K": 68}
+
+
 def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     """(workgroup size, rows per workgroup) for the decode GEMV of `w`.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
-    (and at least the subgroup) not over the chunk count, so no lane idles on the first pass; 8 rows
-    share each x chunk on long rows, 4 on short ones (half that with GLU, which reads two rows each).
-    Chosen from a sweep of 32..256 x 4..8 on an H100 (bench/gemv_sweep.py). SHADERLM_GEMV="WG,ROWS"
-    overrides, for tuning; "old" selects matmul.wgsl instead."""
+    (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
+    workgroup: enough that a lane has about 128 bytes of loads in flight per chunk step, but no more
+    than keeps about 768 workgroups (small matrices need the parallelism more). Measured on the H200
+    in whole decode steps, where fewer rows won over the isolated-GEMV sweeps' choice (8): Llama 8B
+    Q4_K_M 166 -> 192 tok/s with 2-3 rows, while Q4_0 and Q8_0 wanted 4 or more.
+    SHADERLM_GEMV="WG,ROWS" overrides both, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
         wg, rows = (int(v) for v in env.split(","))
@@ -135,8 +143,10 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     while wg * 2 <= min(chunks, 128, lim):
         wg *= 2
     wg = min(max(wg, dev.subgroup_size or 1), lim)
-    rows = 8 if chunks >= 128 else 4
-    return wg, (rows // 2 if glu else rows)
+    load = CHUNK_LOAD_BYTES.get(w.qtype.name, 32) * (2 if glu else 1)
+    out_rows = w.rows // 2 if glu else w.rows
+    rows = max(1, min(8, round(128 / load), out_rows // 768))
+    return wg, rows
 
 
 def gemv(dev, w, x, y, st, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,

@@ -34,9 +34,13 @@ class Llama(Transformer):
 
     def qkv_weights(self, p: str) -> list:
         """Hook: layer p's Q, K, V projections (rows stacked in that order). Q, K, V read the same
-        input: one matmul when they share a type."""
+        input: one matmul for those that share a type."""
         q, k, v = p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"
-        return [self.matrix(q, k, v)] if self.fusable(q, k, v) else [self.matrix(q), self.matrix(k), self.matrix(v)]
+        if self.fusable(q, k, v):
+            return [self.matrix(q, k, v)]
+        if self.fusable(q, k):              # Q4_K_M: q, k in Q4_K, v in Q6_K
+            return [self.matrix(q, k), self.matrix(v)]
+        return [self.matrix(q), self.matrix(k), self.matrix(v)]
 
     def gate_up_weights(self, p: str) -> list:
         """Hook: layer p's gate and up projections ([gate; up] rows), fused when they share a type."""
