@@ -25,8 +25,11 @@ try:
     from neartie import first_divergence
 except ImportError:  # tests/ imported as a package
     from tests.neartie import first_divergence
+try:
+    from synth_models import check_logits, logit_tol as _tol, model_cache, random_ids as _ids
+except ImportError:  # tests/ imported as a package
+    from tests.synth_models import check_logits, logit_tol as _tol, model_cache, random_ids as _ids
 
-REL_TOL = 2e-3
 
 CASES = {
     "qwen3-Q8_0": dict(preset="tiny", arch="qwen3", quant="Q8_0"),
@@ -38,25 +41,9 @@ CASES = {
 }
 
 
-def _ids(vocab, n, seed):
-    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
-
-
-def _tol(ref):
-    return REL_TOL * float(np.abs(ref).max())
-
-
 @pytest.fixture(scope="module")
 def models(synth_gguf):
-    cache = {}
-
-    def get(name, **kw):
-        key = (name, tuple(sorted(kw.items())))
-        if key not in cache:
-            path = synth_gguf(seed=1, **CASES[name])
-            cache[key] = (path, shaderlm.load(path, progress=False, **kw))
-        return cache[key]
-    return get
+    return model_cache(synth_gguf, CASES)
 
 
 # ---- kernels -------------------------------------------------------------------------------------
@@ -121,12 +108,7 @@ def test_add_rmsnorm_kernel(dim, n, nxt):
 def test_logits_match_reference(models, name):
     """29 tokens: the Gemma window (8) is passed 3 times over in its sliding layers."""
     path, m = models(name)
-    ids = _ids(m.config.vocab_size, 29, 0)
-    ref = reference_logits(path, ids)
-    got = m.logits(ids)
-    err = np.abs(got - ref).max()
-    assert np.isfinite(got).all()
-    assert err <= _tol(ref), f"{name}: max |logit error| {err:.3g} > {_tol(ref):.3g}"
+    check_logits(path, m, name)
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])

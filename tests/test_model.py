@@ -17,7 +17,14 @@ from shaderlm.gpu.device import Device
 
 from reference import reference_logits
 
-REL_TOL = 2e-3
+try:
+    from neartie import first_divergence
+except ImportError:  # tests/ imported as a package
+    from tests.neartie import first_divergence
+try:
+    from synth_models import check_logits, logit_tol as _tol, model_cache, random_ids as _ids
+except ImportError:  # tests/ imported as a package
+    from tests.synth_models import check_logits, logit_tol as _tol, model_cache, random_ids as _ids
 
 CASES = {
     "llama-Q4_1": dict(preset="tiny", arch="llama", quant="Q4_1"),
@@ -28,46 +35,15 @@ CASES = {
 }
 
 
-def first_divergence(want, got, margins, tol):
-    """None if `got` follows `want` up to the first near-tie (margin <= tol), else a message."""
-    for i, (a, b, mg) in enumerate(zip(want, got, margins)):
-        if mg <= tol:
-            return None
-        if a != b:
-            return f"step {i}: reference {a}, got {b}, reference top1-top2 margin {mg:.4g} > tol {tol:.4g}"
-    return None
-
-
-def _ids(vocab, n, seed):
-    return np.random.default_rng(seed).integers(3, vocab, n).tolist()
-
-
-def _tol(ref):
-    return REL_TOL * float(np.abs(ref).max())
-
-
 @pytest.fixture(scope="module")
 def models(synth_gguf):
-    cache = {}
-
-    def get(name, **kw):
-        key = (name, tuple(sorted(kw.items())))
-        if key not in cache:
-            path = synth_gguf(seed=1, **CASES[name])
-            cache[key] = (path, shaderlm.load(path, progress=False, **kw))
-        return cache[key]
-    return get
+    return model_cache(synth_gguf, CASES)
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_logits_match_reference(models, name):
     path, m = models(name)
-    ids = _ids(m.config.vocab_size, 29, 0)
-    ref = reference_logits(path, ids)
-    got = m.logits(ids)
-    err = np.abs(got - ref).max()
-    assert np.isfinite(got).all()
-    assert err <= _tol(ref), f"{name}: max |logit error| {err:.3g} > {_tol(ref):.3g}"
+    check_logits(path, m, name)
 
 
 @pytest.mark.parametrize("fuse", [True, False], ids=["fused", "unfused"])
@@ -87,7 +63,7 @@ def test_greedy_decode_matches_reference(models, name, fuse):
         want.append(int(row.argmax()))
         margins.append(float(top2[1] - top2[0]))
     tol = _tol(logits_all)
-    bad = first_divergence(want, got, margins, tol)
+    bad = first_divergence(want, margins, got, tol)
     assert bad is None, bad
 
 
