@@ -639,3 +639,33 @@ def test_sample_seed_determinism(dev):
         assert (np.delete(a, 7) == TOK_POISON).all()
         got[seed] = int(a[7])
     assert len(set(got.values())) > 1, f"12 seeds all drew the same token: {got}"
+
+
+@pytest.mark.parametrize("qa,qb,K", [("Q4_K", "Q6_K", 512), ("Q4_1", "Q8_0", 160), ("Q8_0", "F16", 96)])
+@pytest.mark.parametrize("norm_", [False, True], ids=["plain", "norm"])
+def test_gemv_pair(dev, qa, qb, K, norm_):
+    """Two weights of different types in one dispatch (decode's Q+K / V): rows of the first, then the
+    second, into consecutive y rows; odd row counts; with and without the folded RMSNorm."""
+    if not (ops.has_wide(QUANT_TYPES[qa]) and ops.has_wide(QUANT_TYPES[qb])):
+        pytest.skip("no wide GEMV for these types")
+    rng = np.random.default_rng(K + norm_)
+    ra, rb, eps = 37, 11, 1e-5
+    raw_a, Wa = make_weight(qa, ra, K, rng)
+    raw_b, Wb = make_weight(qb, rb, K, rng)
+    wa, wb = upload(dev, qa, raw_a, ra, K), upload(dev, qb, raw_b, rb, K)
+    x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    ys = ra + rb + 3
+    y0 = poisoned((2, ys))
+    yb = dev.upload(y0)
+    ds = ops.gemv_pair(dev, wa, wb, dev.upload(x), yb, y_stride=ys,
+                       **(dict(norm=dev.upload(nw), eps=eps) if norm_ else {}))
+    assert len(ds) == 1
+    run(dev, ds, 1)
+    got = read_f32(dev, yb, (2, ys))
+    xin = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
+    W = np.concatenate([Wa, Wb])
+    ref = xin @ W.T
+    tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
+    assert_close(got[:1, :ra + rb], ref, tol, f"gemv_pair {qa}+{qb}")
+    assert is_poison(got[1]).all() and is_poison(got[0, ra + rb:]).all()

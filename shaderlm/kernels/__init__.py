@@ -2,6 +2,9 @@
 
 Directives (each on its own line):
   #include NAME        inline kernels/NAME.wgsl (once per kernel; NAME may use {{DEFINE}})
+  #include NAME as P   inline it again with every name it declares at top level, every name declared
+                       by earlier `as P` includes, and the bindings' `w` / params' `p`, prefixed by P
+                       (a second quant decoder beside the first, for gemv.wgsl's DUAL)
   #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable)
   #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
                        (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
@@ -18,7 +21,7 @@ _SUB = re.compile(r"\{\{(\w+)\}\}")
 
 
 def load_wgsl(name: str, defines: dict) -> str:
-    return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set()))
+    return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), {}))
 
 
 def _value(defines, key, kernel):
@@ -32,7 +35,11 @@ def _value(defines, key, kernel):
     return str(v)
 
 
-def _expand(name: str, defines: dict, included: set) -> str:
+_DECL = re.compile(r"^(?:fn|const|struct|alias|override|var(?:<[^>]*>)?)\s+(\w+)", re.M)
+
+
+def _expand(name: str, defines: dict, included: set, prefixed: dict) -> str:
+    """`prefixed`: prefix -> names declared under it so far (for `#include NAME as P`)."""
     if name in included:
         return ""
     included.add(name)
@@ -56,12 +63,24 @@ def _expand(name: str, defines: dict, included: set) -> str:
             continue
         elif s.startswith("#include "):
             inc = _SUB.sub(lambda m: _value(defines, m.group(1), name), s[9:].strip())
-            out.append(_expand(inc, defines, included))
+            if " as " in inc:
+                inc, prefix = (v.strip() for v in inc.split(" as "))
+                out.append(_prefixed(inc, prefix, defines, included, prefixed))
+            else:
+                out.append(_expand(inc, defines, included, prefixed))
         else:
             out.append(line)
     if stack:
         raise ValueError(f"kernel {name}: unterminated #if")
     return "\n".join(out)
+
+
+def _prefixed(name: str, prefix: str, defines: dict, included: set, prefixed: dict) -> str:
+    text = _expand(name, defines, set(), prefixed)      # its own copy, even if included plainly
+    names = prefixed.setdefault(prefix, {"w", "p"})
+    names.update(_DECL.findall(text))
+    pattern = re.compile(r"(?<![.\w])(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
+    return pattern.sub(lambda m: prefix + m.group(1), text)
 
 
 def _unroll(name: str, lines: list, defines: dict) -> list:

@@ -14,6 +14,10 @@
 // put it in local memory on NVIDIA.
 #include quant_common
 #include {{QUANT}}
+#if DUAL
+#include quant_common as B_
+#include {{QUANT_B}} as B_
+#endif
 #include reduce
 #include activation
 
@@ -22,6 +26,12 @@
 struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }
 const p = P({{K}}u, {{NROWS}}u, {{ROW0}}u, {{DBASE}}u, {{Y_STRIDE}}u, {{EPS}});
 @group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;
+#if DUAL
+// DUAL: a second weight of another type over the same x (Q4_K_M's Q6_K V after its Q4_K Q and K):
+// its row groups follow the first's in the grid, and write after its rows.
+const B_p = P({{K}}u, {{NROWS_B}}u, {{ROW0_B}}u, {{DBASE_B}}u, {{Y_STRIDE}}u, {{EPS}});
+@group(0) @binding(7) var<storage, read> B_w: array<vec4<u32>>;
+#endif
 @group(0) @binding(3) var<storage, read> x: array<vec4<f32>>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #if BIAS
@@ -60,6 +70,11 @@ fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
                                 xv(r, d), xv(r, d + 1u), xv(r, d + 2u), xv(r, d + 3u));
 }
 
+#include gemv_rows
+#if DUAL
+#include gemv_rows as B_
+#endif
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32,
@@ -68,108 +83,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(num_subgroups) nsg: u32
 #endif
         ) {
+#if !SUBGROUPS
+    let lane = 0u; let sg = 0u; let nsg = 1u;
+#endif
     red_lane = li;
-    let rbase = (wid.x + wid.y * nwg.x) * {{ROWS}}u;
-    let t = wid.z;
-    if (rbase >= p.rows) { return; }     // uniform over the workgroup
-    let xrow = XRow(t * (p.k / 4u));
-    ss = 0.0;
-    let bpr = p.k / WQK;          // wide blocks per row
-    let chunks = bpr * CPB;
-    let last = p.rows - 1u;       // rows past the end recompute the last row (result unused)
-#unroll ROWS
-    var acc$i = 0.0;
-    let blk$i = min(rbase + $iu, last) * bpr;
-#if GLU
-    var up$i = 0.0;
-    let ublk$i = (min(rbase + $iu, last) + p.rows) * bpr;
-#endif
-#end
-    for (var c = li; c < chunks; c += {{WG}}u) {
-        let b = c / CPB;
-        let cc = c % CPB;
-        // every load of the step first (weights of all rows, then x), then the arithmetic: the
-        // loads are then all in flight together whatever the compiler's scheduling
-#unroll ROWS
-        let cw$i = chunk_load(blk$i + b, cc);
-#if GLU
-        let cu$i = chunk_load(ublk$i + b, cc);
-#endif
-#end
-        let xr = x_chunk(xrow, b, cc);
-#unroll ROWS
-        acc$i += chunk_dot(cw$i, cc, xr);
-#if GLU
-        up$i += chunk_dot(cu$i, cc, xr);
-#endif
-#end
+    let g = wid.x + wid.y * nwg.x;           // row group; the branches below are uniform per workgroup
+    let groups = (p.rows + {{ROWS}}u - 1u) / {{ROWS}}u;
+    if (g < groups) {
+        rows(g * {{ROWS}}u, wid.z, li, lane, sg, nsg);
     }
-#if SUBGROUPS
-#unroll ROWS
-    acc$i = subgroupAdd(acc$i);
-    if (lane == 0u) { part[$iu * NPART + sg] = acc$i; }
-#if GLU
-    up$i = subgroupAdd(up$i);
-    if (lane == 0u) { part[$iu * NPART + nsg + sg] = up$i; }
-#endif
-#end
-#if NORM
-    ss = subgroupAdd(ss);
-    if (lane == 0u) { norm_part[sg] = ss; }
-#endif
-    workgroupBarrier();
-    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
-    var s = 0.0;
-    for (var i = 0u; i < nsg; i++) { s += part[li * NPART + i]; }
-#if GLU
-    var su = 0.0;
-    for (var i = 0u; i < nsg; i++) { su += part[li * NPART + nsg + i]; }
-#endif
-#if NORM
-    var sq = 0.0;
-    for (var i = 0u; i < nsg; i++) { sq += norm_part[i]; }
-#endif
-#else
-#unroll ROWS
-    acc$i = wg_sum(acc$i);
-    if (li == 0u) { part[$iu * NPART] = acc$i; }
-#if GLU
-    up$i = wg_sum(up$i);
-    if (li == 0u) { part[$iu * NPART + 1u] = up$i; }
-#endif
-#end
-#if NORM
-    let sq = wg_sum(ss);
-#endif
-    workgroupBarrier();
-    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
-    var s = part[li * NPART];
-#if GLU
-    let su = part[li * NPART + 1u];
-#endif
-#endif
-#if NORM
-    let scale = inverseSqrt(sq / f32(p.k) + p.eps);
-    s *= scale;
-#if GLU
-    let su_n = su * scale;
-#endif
-#else
-#if GLU
-    let su_n = su;
-#endif
-#endif
-#if GLU
-    s = act(s) * su_n;
-#endif
-    let row = p.row0 + rbase + li;
-    let o = t * p.y_stride + row;
-#if BIAS
-    s += bias[row];
-#endif
-#if ACCUMULATE
-    y[o] += s;
-#else
-    y[o] = s;
+#if DUAL
+    else if ((g - groups) * {{ROWS}}u < B_p.rows) {
+        B_rows((g - groups) * {{ROWS}}u, wid.z, li, lane, sg, nsg);
+    }
 #endif
 }

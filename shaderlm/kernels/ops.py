@@ -149,6 +149,29 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     return wg, rows
 
 
+def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0) -> list[Dispatch]:
+    """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
+    then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
+    each; the shape (workgroup size, rows) is wa's."""
+    wg, nrows = gemv_shape(dev, wa)
+    ca, cb = wa.chunks[0], wb.chunks[0]
+    pipe = dev.pipeline("gemv", QUANT=wa.qtype.kernel, QUANT_B=wb.qtype.kernel, DUAL=True, WIDE=True, WG=wg,
+                        ROWS=nrows, BIAS=False, ACCUMULATE=False, NORM=norm is not None, GLU=False,
+                        ACT_GELU=False, K=wa.cols, NROWS=wa.rows, ROW0=0, DBASE=ca.dbase, NROWS_B=wb.rows,
+                        ROW0_B=wa.rows, DBASE_B=cb.dbase, Y_STRIDE=y_stride, EPS=float(eps))
+    res = [None, None, ca.buffer, x, y, None, norm, cb.buffer]
+    gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
+    return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, gy=gy: (gx, gy, n),
+                     label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size)]
+
+
+def can_pair(dev, wa, wb) -> bool:
+    """gemv_pair applies: both wide-GEMV types, one binding each, same K."""
+    return (os.environ.get("SHADERLM_GEMV") != "old" and wa.cols == wb.cols
+            and len(wa.chunks) == 1 and len(wb.chunks) == 1
+            and all(has_wide(w.qtype) and w.cols % wide_block(w.qtype) == 0 for w in (wa, wb)))
+
+
 def gemv(dev, w, x, y, st, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
          glu=False, gelu=False) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows."""

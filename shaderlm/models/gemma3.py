@@ -54,13 +54,7 @@ class Gemma3(Qwen3):
             if i == 0:
                 out.append(ops.rmsnorm(dev, self.x, L["attn_norm"], self.xn, st, dim=c.dim, eps=eps))
             src, norm = self.xn, {}
-        qkv_w = c.q_dim + 2 * c.kv_dim
-        bias = L["qkv_bias"][0] if L["qkv_bias"] else None
-        row0 = 0
-        for w in L["qkv"]:
-            out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias,
-                              tiled=self.tiled, **norm)
-            row0 += w.rows
+        out += self.qkv_projection(i, tt, src, norm, decode)
         out += self.qkv_ops(i, tt)
         local = self.swa[i]
         inv_freq = self.inv_freq_local if local else self.inv_freq

@@ -66,6 +66,21 @@ class Llama(Transformer):
                 for b, s in zip(parts, sizes)]
         return self.dev.upload(np.concatenate(vals), label="qkv_bias")
 
+    def qkv_projection(self, i: int, tt: int, src, norm: dict, decode: bool) -> list:
+        """Layer i's Q/K/V matmuls into the qkv rows (a shared bias is indexed by output row). In decode,
+        Q+K of one type and V of another (Q4_K_M) run as one dispatch (ops.gemv_pair)."""
+        c, L = self.cfg, self.layers[i]
+        bias = L["qkv_bias"][0] if L["qkv_bias"] else None
+        parts, qkv_w = L["qkv"], c.q_dim + 2 * c.kv_dim
+        if decode and len(parts) == 2 and bias is None and ops.can_pair(self.dev, *parts):
+            return ops.gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, **norm)
+        out, row0 = [], 0
+        for w in parts:
+            out += ops.matmul(self.dev, w, src, self.qkv, self.state, tt=tt, y_stride=qkv_w, row0=row0,
+                              bias=bias, tiled=self.tiled, **norm)
+            row0 += w.rows
+        return out
+
     def qkv_ops(self, i: int, tt: int) -> list:
         """Hook: dispatches on the projected qkv rows before RoPE (Qwen3's per-head Q/K norm)."""
         return []
@@ -76,20 +91,13 @@ class Llama(Transformer):
         when Q/K/V and gate/up each share a type."""
         c, dev, L, st = self.cfg, self.dev, self.layers[i], self.state
         decode = tt == 1 and self.fuse
-        qkv_w = c.q_dim + 2 * c.kv_dim
         out = []
-        bias = L["qkv_bias"][0] if L["qkv_bias"] else None
         if decode:
             src, norm = self.x, dict(norm=L["attn_norm"], eps=c.rms_eps)
         else:
             out.append(ops.rmsnorm(dev, self.x, L["attn_norm"], self.xn, st, dim=c.dim, eps=c.rms_eps))
             src, norm = self.xn, {}
-        row0 = 0
-        for w in L["qkv"]:
-            # all parts write into the one qkv buffer; a shared bias vector is indexed by output row
-            out += ops.matmul(dev, w, src, self.qkv, st, tt=tt, y_stride=qkv_w, row0=row0, bias=bias,
-                              tiled=self.tiled, **norm)
-            row0 += w.rows
+        out += self.qkv_projection(i, tt, src, norm, decode)
         out += self.qkv_ops(i, tt)
         attn = dict(n_heads=c.n_heads, n_kv=c.n_kv_heads, head_dim=c.head_dim, **self.attn_params(i))
         if decode:

@@ -1,0 +1,105 @@
+// One row group of the decode GEMV (gemv.wgsl): rows [rbase, rbase + ROWS) of token t, reduced and
+// written. A function so that gemv.wgsl's DUAL variant can include it a second time as B_rows, over a
+// second weight of another type (`#include gemv_rows as B_` renames the decoder and its w / p).
+fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
+    let xrow = XRow(t * (p.k / 4u));
+    ss = 0.0;
+    let bpr = p.k / WQK;          // wide blocks per row
+    let chunks = bpr * CPB;
+    let last = p.rows - 1u;       // rows past the end recompute the last row (result unused)
+#unroll ROWS
+    var acc$i = 0.0;
+    let blk$i = min(rbase + $iu, last) * bpr;
+#if GLU
+    var up$i = 0.0;
+    let ublk$i = (min(rbase + $iu, last) + p.rows) * bpr;
+#endif
+#end
+    for (var c = li; c < chunks; c += {{WG}}u) {
+        let b = c / CPB;
+        let cc = c % CPB;
+        // every load of the step first (weights of all rows, then x), then the arithmetic: the
+        // loads are then all in flight together whatever the compiler's scheduling
+#unroll ROWS
+        let cw$i = chunk_load(blk$i + b, cc);
+#if GLU
+        let cu$i = chunk_load(ublk$i + b, cc);
+#endif
+#end
+        let xr = x_chunk(xrow, b, cc);
+#unroll ROWS
+        acc$i += chunk_dot(cw$i, cc, xr);
+#if GLU
+        up$i += chunk_dot(cu$i, cc, xr);
+#endif
+#end
+    }
+#if SUBGROUPS
+#unroll ROWS
+    acc$i = subgroupAdd(acc$i);
+    if (lane == 0u) { part[$iu * NPART + sg] = acc$i; }
+#if GLU
+    up$i = subgroupAdd(up$i);
+    if (lane == 0u) { part[$iu * NPART + nsg + sg] = up$i; }
+#endif
+#end
+#if NORM
+    ss = subgroupAdd(ss);
+    if (lane == 0u) { norm_part[sg] = ss; }
+#endif
+    workgroupBarrier();
+    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
+    var s = 0.0;
+    for (var i = 0u; i < nsg; i++) { s += part[li * NPART + i]; }
+#if GLU
+    var su = 0.0;
+    for (var i = 0u; i < nsg; i++) { su += part[li * NPART + nsg + i]; }
+#endif
+#if NORM
+    var sq = 0.0;
+    for (var i = 0u; i < nsg; i++) { sq += norm_part[i]; }
+#endif
+#else
+#unroll ROWS
+    acc$i = wg_sum(acc$i);
+    if (li == 0u) { part[$iu * NPART] = acc$i; }
+#if GLU
+    up$i = wg_sum(up$i);
+    if (li == 0u) { part[$iu * NPART + 1u] = up$i; }
+#endif
+#end
+#if NORM
+    let sq = wg_sum(ss);
+#endif
+    workgroupBarrier();
+    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
+    var s = part[li * NPART];
+#if GLU
+    let su = part[li * NPART + 1u];
+#endif
+#endif
+#if NORM
+    let scale = inverseSqrt(sq / f32(p.k) + p.eps);
+    s *= scale;
+#if GLU
+    let su_n = su * scale;
+#endif
+#else
+#if GLU
+    let su_n = su;
+#endif
+#endif
+#if GLU
+    s = act(s) * su_n;
+#endif
+    let row = p.row0 + rbase + li;
+    let o = t * p.y_stride + row;
+#if BIAS
+    s += bias[row];
+#endif
+#if ACCUMULATE
+    y[o] += s;
+#else
+    y[o] = s;
+#endif
+}
