@@ -646,8 +646,6 @@ def test_sample_seed_determinism(dev):
 def test_gemv_pair(dev, qa, qb, K, norm_):
     """Two weights of different types in one dispatch (decode's Q+K / V): rows of the first, then the
     second, into consecutive y rows; odd row counts; with and without the folded RMSNorm."""
-    if not (ops.has_wide(QUANT_TYPES[qa]) and ops.has_wide(QUANT_TYPES[qb])):
-        pytest.skip("no wide GEMV for these types")
     rng = np.random.default_rng(K + norm_)
     ra, rb, eps = 37, 11, 1e-5
     raw_a, Wa = make_weight(qa, ra, K, rng)

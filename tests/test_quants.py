@@ -177,3 +177,26 @@ def test_block_constants_match_layout():
         assert qk == q.gpu_block_elems, name
         assert qw * 4 == q.row_bytes(qk) - (q.split[1] if q.split else 0), name
         assert Path(KERNEL_DIR / f"{q.kernel}.wgsl").exists()
+
+
+_WGSL_BYTES = {"vec4<u32>": 16, "u32": 4, "f32": 4}
+
+
+def test_wide_constants_match_table():
+    """Each decoder's WIDE part (the decode GEMV's chunking) agrees with QuantType.wide: elements per
+    wide block (WQK), chunks per block (CPB), and the bytes its CW struct (one chunk_load) holds."""
+    for name in ALL:
+        q = QUANT_TYPES[name]
+        src = (KERNEL_DIR / f"{q.kernel}.wgsl").read_text()
+        if "#if WIDE" not in src:
+            assert q.wide is None, name
+            continue
+        wide = src[src.index("#if WIDE"):]
+        for inc in re.findall(r"^#include (\S+)$", wide, re.M):       # F16 / BF16 share one part
+            wide += (KERNEL_DIR / f"{inc}.wgsl").read_text()
+        consts = dict(re.findall(r"const (\w+): u32 = (\w+?)u?;", wide))
+        wqk = int(re.search(r"const QK: u32 = (\d+)u;", src).group(1)) if consts["WQK"] == "QK" \
+            else int(consts["WQK"])
+        fields = re.search(r"struct CW \{([^}]*)\}", wide).group(1)
+        load = sum(_WGSL_BYTES[t.strip()] for t in re.findall(r":\s*([\w<>]+)", fields))
+        assert q.wide == (wqk, int(consts["CPB"]), load), name

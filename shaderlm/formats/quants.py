@@ -5,7 +5,8 @@ block (its scale, or scale and min, or Q5_1's scales and high bits) is moved to 
 blocks, so that the rest of every block starts on a word, and on 16 bytes wherever that is possible,
 for the decode GEMV's vec4<u32> loads; no byte is added:
     [block 0 minus field][block 1 minus field]...[field 0][field 1]...
-The WGSL decoders in kernels/quant/ read this layout; `dbase` (a kernel parameter) is the word where the field array starts.
+The WGSL decoders in kernels/quant/ read this layout; `dbase` (a kernel parameter) is the word
+where the field array starts.
 """
 from __future__ import annotations
 
@@ -23,15 +24,13 @@ class QuantType:
     block_bytes: int          # bytes per block (GGUF)
     split: tuple | None       # (byte offset, size) of the per-block field moved after the blocks, or None
     gpu_elems: int = 0        # elements per GPU "block" (F32/F16/BF16 use 8-element groups)
+    # The decode GEMV's chunking (the WIDE part of the type's decoder, which tests check against this):
+    # (elements per wide block, chunks per wide block, bytes one lane's chunk_load reads), or None
+    wide: tuple | None = None
 
     @property
     def kernel(self) -> str:
         return f"quant/{self.name.lower()}"
-
-    @property
-    def gpu_block_bytes(self) -> int:
-        """Bytes of one block in the main region (the split field removed)."""
-        return self.block_bytes - (self.split[1] if self.split else 0)
 
     @property
     def gpu_block_elems(self) -> int:
@@ -43,16 +42,16 @@ class QuantType:
 
 QUANT_TYPES = {q.name: q for q in [
     QuantType("F32", 1, 4, None, gpu_elems=8),
-    QuantType("F16", 1, 2, None, gpu_elems=8),
-    QuantType("BF16", 1, 2, None, gpu_elems=8),
-    QuantType("Q8_0", 32, 34, (0, 2)),       # d            -> 32-byte blocks
-    QuantType("Q4_0", 32, 18, (0, 2)),       # d            -> 16
-    QuantType("Q4_1", 32, 20, (0, 4)),       # d, m         -> 16
-    QuantType("Q5_0", 32, 22, (0, 2)),       # d            -> 20 (word aligned only)
-    QuantType("Q5_1", 32, 24, (0, 8)),       # d, m, qh     -> 16
-    QuantType("Q4_K", 256, 144, None),       # 144 = 9 x 16 already
-    QuantType("Q5_K", 256, 176, None),       # 176 = 11 x 16
-    QuantType("Q6_K", 256, 210, (208, 2)),   # d            -> 208 = 13 x 16
+    QuantType("F16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
+    QuantType("BF16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
+    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36)),       # d            -> 32-byte blocks
+    QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20)),       # d            -> 16
+    QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20)),       # d, m         -> 16
+    QuantType("Q5_0", 32, 22, (0, 2)),                         # d            -> 20 (word aligned only)
+    QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24)),       # d, m, qh     -> 16
+    QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32)),      # 144 = 9 x 16 already
+    QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48)),      # 176 = 11 x 16
+    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68)),  # d            -> 208 = 13 x 16
 ]}
 
 

@@ -34,17 +34,10 @@ var<workgroup> sg_acc: array<vec2<f32>, MAXSG * HD / 2u>;
 fn rotated(base: u32, d: u32, pos: u32) -> f32 {
     let v = qkv[base + d];
     if (d >= p.rope_dim) { return v; }
-#if NEOX
-    let half_rd = p.rope_dim / 2u;
-    let i = select(d, d - half_rd, d >= half_rd);
-    let cs = rope_cs(i, pos);
-    if (d < half_rd) { return v * cs.x - qkv[base + d + half_rd] * cs.y; }
-    return qkv[base + d - half_rd] * cs.y + v * cs.x;
-#else
-    let cs = rope_cs(d / 2u, pos);
-    if ((d & 1u) == 0u) { return v * cs.x - qkv[base + d + 1u] * cs.y; }
-    return qkv[base + d - 1u] * cs.y + v * cs.x;
-#endif
+    let pr = dim_pair(d);
+    let cs = rope_cs(pr.x, pos);
+    let other = qkv[base + pr.y];
+    return select(other * cs.y + v * cs.x, v * cs.x - other * cs.y, pr.z == 1u);
 }
 
 @compute @workgroup_size({{WG}})

@@ -1,7 +1,7 @@
 // Decode GEMV: y[t, row] (+)= sum_k W[row, k] * x[t, k] for ROWS rows per workgroup, token t = z.
 // (Decode runs one token; a few tokens on one grid are for tests and tools: the grid has exactly
 // the batch's tokens, so the kernel reads no token count.)
-// Each thread takes one chunk (CE elements, one or a few 16-byte loads) of the rows' K at a time,
+// Each thread takes one chunk (32 or 64 elements, one or a few 16-byte loads) of the rows' K at a time,
 // strided by the workgroup, so every lane is busy whatever the chunk count (the workgroup size is
 // picked per matrix in ops.py). The chunk's x runs are loaded once into registers and reused for all
 // ROWS rows, whose independent weight loads are then in flight together. Partial sums: subgroup

@@ -5,13 +5,11 @@ replayed by a Plan. Grids that depend on the token count are functions of n.
 """
 from __future__ import annotations
 
-import functools
 import os
 
 import numpy as np
 
 from ..gpu.plan import Dispatch
-from . import KERNEL_DIR
 
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
 
@@ -67,9 +65,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
                              bias=bias, from_state_row=from_state_row)
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
-    if tt == 1 and not from_state_row and has_wide(w.qtype) and w.cols % wide_block(w.qtype) == 0 \
-            and os.environ.get("SHADERLM_GEMV") != "old":
-        return gemv(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+    if tt == 1 and not from_state_row and wide_ok(w):
+        return gemv(dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
                     norm=norm, eps=eps, glu=glu, gelu=gelu)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
@@ -88,38 +85,11 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     return out
 
 
-@functools.lru_cache(maxsize=None)
-def _wide_consts(kernel: str) -> dict:
-    """WQK / CE / CPB of a quant decoder's WIDE part ({} when it has none)."""
-    import re
-    src = (KERNEL_DIR / f"{kernel}.wgsl").read_text()
-    if "#if WIDE" not in src:
-        return {}
-    wide = src[src.index("#if WIDE"):]
-    for inc in re.findall(r"^#include (\S+)$", wide, re.M):      # a shared WIDE part (F16 / BF16)
-        wide += (KERNEL_DIR / f"{inc}.wgsl").read_text()
-    vals = {k: v for k, v in re.findall(r"const (\w+): u32 = (\w+);", wide)}
-    out = {}
-    for k, v in vals.items():
-        v = v.rstrip("u")
-        out[k] = int(v) if v.isdigit() else None
-    if out.get("WQK") is None:                     # "QK": the block size
-        out["WQK"] = int(re.search(r"const QK: u32 = (\d+)u;", src).group(1))
-    return out
-
-
-def has_wide(q) -> bool:
-    return bool(_wide_consts(q.kernel))
-
-
-def wide_block(q) -> int:
-    return _wide_consts(q.kernel)["WQK"]
-
-
-# Bytes one lane loads per row for one chunk (its chunk_load: weight words plus the shared header or
-# split scale word), for sizing the rows a lane keeps in flight.
-CHUNK_LOAD_BYTES = {"F16": 64, "BF16": 64, "Q8_0": 36, "Q4_0": 20, "Q4_1": 20, "Q5_1": 24, "Q4_K": 32,
-                    "Q5_K": 48, "Q6_K": 68}
+def wide_ok(w) -> bool:
+    """The decode GEMV (gemv.wgsl) takes this weight: its type has a wide decoder and K whole wide
+    blocks (SHADERLM_GEMV=old turns it off, for comparisons)."""
+    q = w.qtype
+    return q.wide is not None and w.cols % q.wide[0] == 0 and os.environ.get("SHADERLM_GEMV") != "old"
 
 
 def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
@@ -136,17 +106,46 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     if env not in ("auto", "old"):
         wg, rows = (int(v) for v in env.split(","))
         return wg, rows
-    k = _wide_consts(w.qtype.kernel)
-    chunks = w.cols // k["WQK"] * k["CPB"]
+    block, per_block, load = w.qtype.wide
+    chunks = w.cols // block * per_block
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     wg = 32
     while wg * 2 <= min(chunks, 128, lim):
         wg *= 2
     wg = min(max(wg, dev.subgroup_size or 1), lim)
-    load = CHUNK_LOAD_BYTES.get(w.qtype.name, 32) * (2 if glu else 1)
+    load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
     rows = max(1, min(8, round(128 / load), out_rows // 768))
     return wg, rows
+
+
+def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, y_stride: int, eps: float) -> dict:
+    """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
+    return dict(QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, K=w.cols, NROWS=rows, ROW0=row0,
+                DBASE=c.dbase, Y_STRIDE=y_stride, EPS=float(eps))
+
+
+def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
+         glu=False, gelu=False) -> list[Dispatch]:
+    """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows."""
+    wg, nrows = gemv_shape(dev, w, glu)
+    out = []
+    for c in w.chunks:
+        rows = c.rows // 2 if glu else c.rows
+        pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, wg=wg, nrows=nrows,
+                                                    y_stride=y_stride, eps=eps),
+                            BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
+                            ACT_GELU=gelu)
+        gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
+        out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
+                            lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
+                            bytes=c.buffer.size))
+    return out
+
+
+def can_pair(wa, wb) -> bool:
+    """gemv_pair applies: both weights taken by the decode GEMV, one binding each, the same K."""
+    return wide_ok(wa) and wide_ok(wb) and wa.cols == wb.cols and len(wa.chunks) == len(wb.chunks) == 1
 
 
 def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0) -> list[Dispatch]:
@@ -155,39 +154,14 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0) -> list[Dispat
     each; the shape (workgroup size, rows) is wa's."""
     wg, nrows = gemv_shape(dev, wa)
     ca, cb = wa.chunks[0], wb.chunks[0]
-    pipe = dev.pipeline("gemv", QUANT=wa.qtype.kernel, QUANT_B=wb.qtype.kernel, DUAL=True, WIDE=True, WG=wg,
-                        ROWS=nrows, BIAS=False, ACCUMULATE=False, NORM=norm is not None, GLU=False,
-                        ACT_GELU=False, K=wa.cols, NROWS=wa.rows, ROW0=0, DBASE=ca.dbase, NROWS_B=wb.rows,
-                        ROW0_B=wa.rows, DBASE_B=cb.dbase, Y_STRIDE=y_stride, EPS=float(eps))
-    res = [None, None, ca.buffer, x, y, None, norm, cb.buffer]
+    pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, y_stride=y_stride,
+                                                eps=eps),
+                        DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
+                        NORM=norm is not None)
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
-    return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, gy=gy: (gx, gy, n),
+    bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
+    return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
                      label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size)]
-
-
-def can_pair(dev, wa, wb) -> bool:
-    """gemv_pair applies: both wide-GEMV types, one binding each, same K."""
-    return (os.environ.get("SHADERLM_GEMV") != "old" and wa.cols == wb.cols
-            and len(wa.chunks) == 1 and len(wb.chunks) == 1
-            and all(has_wide(w.qtype) and w.cols % wide_block(w.qtype) == 0 for w in (wa, wb)))
-
-
-def gemv(dev, w, x, y, st, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
-         glu=False, gelu=False) -> list[Dispatch]:
-    """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows."""
-    wg, nrows = gemv_shape(dev, w, glu)
-    out = []
-    for c in w.chunks:
-        rows = c.rows // 2 if glu else c.rows
-        pipe = dev.pipeline("gemv", QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, BIAS=bias is not None,
-                            ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu,
-                            K=w.cols, NROWS=rows, ROW0=row0 + c.row0, DBASE=c.dbase, Y_STRIDE=y_stride,
-                            EPS=float(eps))
-        res = [None, None, c.buffer, x, y, bias, norm]
-        gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, gy=gy: (gx, gy, n),
-                            label=f"gemv.{w.qtype.name}", bytes=c.buffer.size))
-    return out
 
 
 def _matmul_tiled(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row):

@@ -1,13 +1,13 @@
 // Shared by the quant/*.wgsl decoders. The including kernel declares:
 //   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor),
 //                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads)
-//   a uniform `p` with field dbase: u32                first word of the split-off per-block field array
-// (read from the uniform where needed: a private copy made NVIDIA's Vulkan compiler spill)
+//   a `p` (uniform, or const in gemv.wgsl) with field dbase: u32   first word of the split-off field
+//   array (read from p where needed: a private copy made NVIDIA's Vulkan compiler spill)
 // Each decoder defines QK (elements per block), QW (u32 words per block in the main region) and
 //   fn dq8(blk: u32, j: u32) -> V8   elements [8j, 8j+8) of block `blk`, in GGUF element order.
 // Decoders with a WIDE part (main region a multiple of 16 bytes) also define, for gemv.wgsl:
-//   WQK (elements per wide block), CE (elements per chunk), CPB (chunks per wide block),
-//   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, CE / 4>   the x values chunk c of block b multiplies
+//   WQK (elements per wide block), CPB (chunks per wide block), both also in formats/quants.py,
+//   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, N>   the x values chunk c of block b multiplies
 //                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
 //   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
@@ -67,10 +67,6 @@ fn split_d(blk: u32) -> f32 {
     return unpack2x16float(select(v, v >> 16u, (blk & 1u) == 1u)).x;
 }
 
-// Byte `i` of the word stream starting at word `base`.
-fn byte_at(base: u32, i: u32) -> u32 {
-    return (word(base + (i >> 2u)) >> ((i & 3u) * 8u)) & 255u;
-}
 
 // Q4_K / Q5_K packed 6-bit scales and mins.
 // ggml get_scale_min_k4 on the scale words a (bytes 0-3), b (4-7), c (8-11):

@@ -10,6 +10,19 @@ fn pair_index(i: u32) -> vec2<u32> {
 #endif
 }
 
+// Dimension d (< rope_dim) in its pair: (pair index, the other dimension of the pair, 1 if d is the
+// pair's first dimension). Derived from pair_index, so both layouts come from one place.
+fn dim_pair(d: u32) -> vec3<u32> {
+#if NEOX
+    let i = d % (p.rope_dim / 2u);
+#else
+    let i = d / 2u;
+#endif
+    let ix = pair_index(i);
+    let first = d == ix.x;
+    return vec3<u32>(i, select(ix.x, ix.y, first), u32(first));
+}
+
 // (cos, sin) of pair i at position pos; reduced in turns first so sin/cos see a small argument
 fn rope_cs(i: u32, pos: u32) -> vec2<f32> {
     let turns = f32(pos) * inv_freq[i];

@@ -72,7 +72,7 @@ class Llama(Transformer):
         c, L = self.cfg, self.layers[i]
         bias = L["qkv_bias"][0] if L["qkv_bias"] else None
         parts, qkv_w = L["qkv"], c.q_dim + 2 * c.kv_dim
-        if decode and len(parts) == 2 and bias is None and ops.can_pair(self.dev, *parts):
+        if decode and len(parts) == 2 and bias is None and ops.can_pair(*parts):
             return ops.gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, **norm)
         out, row0 = [], 0
         for w in parts:

@@ -1,7 +1,6 @@
 // WIDE part shared by F16 and BF16 (each defines half2(word) -> its two values): a wide block is 32
 // values (4 vec4 words), one chunk, two x runs.
 const WQK: u32 = 32u;
-const CE: u32 = 32u;
 const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 fn dot8(q: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>) -> f32 {

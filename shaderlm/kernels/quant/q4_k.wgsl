@@ -23,7 +23,6 @@ fn dq8(blk: u32, j: u32) -> V8 {
 // Chunk c (0..7) = qs bytes [16c, 16c+16): l = 16 (c & 1) .. +16 of sub-blocks s0 = 2 (c >> 1)
 // (low nibbles) and s0 + 1 (high nibbles); both sub-blocks' scales from the block's first vec4.
 const WQK: u32 = QK;          // elements per wide block
-const CE: u32 = 32u;
 const CPB: u32 = 8u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
     let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;

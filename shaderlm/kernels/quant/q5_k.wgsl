@@ -25,7 +25,6 @@ fn dq8(blk: u32, j: u32) -> V8 {
 // Chunks as Q4_K's (qs at vec4 3 + c); the fifth bits of l = 16 (c & 1) .. +16 are qh vec4 1 + (c & 1),
 // bit s of each byte for sub-block s.
 const WQK: u32 = QK;          // elements per wide block
-const CE: u32 = 32u;
 const CPB: u32 = 8u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
     let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;

@@ -30,7 +30,6 @@ fn dq8(blk: u32, j: u32) -> V8 {
 // ql[64hh + 32 + l] (4hh + 2 + m), qh[32hh + l] (8 + 2hh + m); x runs r = 0..3 at 128hh + 16m + 32r,
 // scale bytes 8hh + m + 2r: byte m + 2 (r & 1) of scale word 2hh + (r >> 1) (vec4 12).
 const WQK: u32 = QK;          // elements per wide block
-const CE: u32 = 64u;
 const CPB: u32 = 4u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 16> {
     let o = b * 64u + (c >> 1u) * 32u + (c & 1u) * 4u;

@@ -10,7 +10,6 @@ fn dq8(blk: u32, j: u32) -> V8 {
 
 #if WIDE
 const WQK: u32 = QK;          // elements per wide block
-const CE: u32 = 32u;
 const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { a: vec4<u32>, b: vec4<u32>, d: f32 }
