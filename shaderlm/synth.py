@@ -28,7 +28,7 @@ import numpy as np
 import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
-from .formats.gguf import start_tensor_data
+from .formats.gguf import write_tensor_data
 
 __all__ = ["PRESETS", "QUANT_MIXES", "write_synthetic_gguf", "tensor_plan", "main"]
 
@@ -512,37 +512,26 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
         sizes.append(nb)
         w.add_tensor_info(name, shape, np.dtype(np.float32), nb, raw_dtype=GGMLQuantizationType[qtype])
     total = sum(sizes)
-    try:
-        fout, align = start_tensor_data(w)
-        done = 0
-        chunk_bytes = 64 << 20
-        for (name, shape, qtype), nb in zip(plan, sizes):
-            ss = np.random.SeedSequence([seed, zlib.crc32(name.encode())])   # by name: stable across plans
-            bitgen = np.random.PCG64(ss)
-            rng = np.random.Generator(np.random.PCG64(ss.spawn(1)[0]))
-            if len(shape) == 1:
-                fout.write(_vector(name, shape[0], cfg, rng).tobytes())
+    def rows(name, shape, qtype, nb):
+        ss = np.random.SeedSequence([seed, zlib.crc32(name.encode())])   # by name: stable across plans
+        bitgen = np.random.PCG64(ss)
+        rng = np.random.Generator(np.random.PCG64(ss.spawn(1)[0]))
+        if len(shape) == 1:
+            yield np.frombuffer(_vector(name, shape[0], cfg, rng).tobytes(), np.uint8)
+            return
+        n_rows, row_len = math.prod(shape[:-1]), shape[-1]
+        std = _weight_std(row_len)
+        step = max(1, (64 << 20) // max(nb // n_rows, 1))         # about 64 MiB at a time
+        for r0 in range(0, n_rows, step):
+            n = min(step, n_rows - r0)
+            if qtype in ("F32", "F16", "BF16"):
+                yield _random_float_rows(qtype, n, row_len, std, rng)
             else:
-                rows, row_len = math.prod(shape[:-1]), shape[-1]
-                std = _weight_std(row_len)
-                row_bytes = nb // rows
-                step = max(1, chunk_bytes // max(row_bytes, 1))
-                for r0 in range(0, rows, step):
-                    n = min(step, rows - r0)
-                    if qtype in ("F32", "F16", "BF16"):
-                        data = _random_float_rows(qtype, n, row_len, std, rng)
-                    else:
-                        data = _random_quant_rows(qtype, n, row_len, std, bitgen, rng)
-                    fout.write(memoryview(np.ascontiguousarray(data)).cast("B"))
-                    done += data.nbytes
-                    if progress is not None:
-                        progress(done, total)
-                done -= nb
-            done += nb
-            fout.write(b"\0" * (-nb % align))
-            if progress is not None:
-                progress(done, total)
-        w.flush()
+                yield _random_quant_rows(qtype, n, row_len, std, bitgen, rng)
+
+    try:
+        write_tensor_data(w, ((name, nb, rows(name, shape, qtype, nb)) for (name, shape, qtype), nb
+                              in zip(plan, sizes)), total, progress)
     finally:
         w.close()
     return path

@@ -24,7 +24,7 @@ from gguf.constants import GGMLQuantizationType
 
 from ..errors import ShaderLMError, UnsupportedError
 from .hf import HFCheckpoint, _rows_f32
-from .gguf import start_tensor_data
+from .gguf import write_tensor_data
 from .quantize import encode_rows, n_bytes, target_type
 
 __all__ = ["write_gguf", "permute_llama_rows"]
@@ -164,9 +164,7 @@ def write_gguf(src, out: str | os.PathLike, outtype: str = "auto", progress=None
         w.add_tensor_info(name, t.shape, np.dtype(np.float32), nb, raw_dtype=GGMLQuantizationType[qt])
     total = sum(p[3] for p in plan)
     permute = {"attn_q": cfg.n_heads, "attn_k": cfg.n_kv_heads} if a == "llama" else {}
-    try:
-        fout, align = start_tensor_data(w)
-        done = 0
+    def tensors():
         for name, t, qt, nb in plan:
             role = name.split(".")[-2] if name.startswith("blk.") else ""
             if len(t.shape) == 1 and qt == "F32" and t.type == "F32":
@@ -184,19 +182,12 @@ def write_gguf(src, out: str | os.PathLike, outtype: str = "auto", progress=None
                     full = permute_llama_rows(rows_f32(0, t.shape[0]).reshape(t.shape), permute[role])
                     rows_f32 = lambda r0, r1, full=full: full[r0:r1]                       # noqa: E731
                 chunks = encode_rows(rows_f32, t.shape[0], t.shape[1], qt)
-            written = 0
-            for c in chunks:
-                fout.write(memoryview(np.ascontiguousarray(c)).cast("B"))
-                written += c.nbytes
-            if written != nb:
-                raise ShaderLMError(f"internal: {name} wrote {written} bytes, planned {nb}")
-            fout.write(b"\0" * (-nb % align))
-            if t.source is not None:
+            yield name, nb, chunks
+            if t.source is not None:        # written: its pages can go
                 ck.release(t)
-            done += nb
-            if progress is not None:
-                progress(done, total)
-        w.flush()
+
+    try:
+        write_tensor_data(w, tensors(), total, progress)
     finally:
         w.close()
     return out

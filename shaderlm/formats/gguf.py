@@ -21,6 +21,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ModelFormatError, UnsupportedError
 from ..models.config import ModelConfig
+from .source import ModelSource
 
 __all__ = [
     "SUPPORTED_TYPES",
@@ -418,7 +419,7 @@ _MISSING = object()
 # the file
 
 
-class GGUFFile:
+class GGUFFile(ModelSource):
     """A GGUF model file, memory-mapped.
 
     ``metadata`` maps keys to python values (strings, ints, floats, bools; string arrays as ``list[str]``,
@@ -475,28 +476,6 @@ class GGUFFile:
             raise ModelFormatError(
                 f"{self.path}: malformed GGUF file ({type(first).__name__}: {first})") from None
 
-    # -- metadata access ------------------------------------------------------------------------------
-
-    def get(self, key: str, default: Any = None) -> Any:
-        return self.metadata.get(key, default)
-
-    def require(self, key: str) -> Any:
-        if key not in self.metadata:
-            raise ModelFormatError(f"{self.path}: required metadata key '{key}' is missing")
-        return self.metadata[key]
-
-    def tensor(self, name: str) -> TensorInfo:
-        """The named tensor, or ModelFormatError naming it and the file."""
-        t = self.tensors.get(name)
-        if t is None:
-            raise ModelFormatError(f"{self.path}: required tensor '{name}' is missing")
-        return t
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def __repr__(self) -> str:
-        return f"GGUFFile({self.path!r}, arch={self.arch!r}, {len(self.tensors)} tensors)"
 
     def close(self) -> None:
         """Drop this object's references to the map (it closes once no TensorInfo.data view is alive)."""
@@ -652,14 +631,27 @@ def load_config(path: str | os.PathLike) -> ModelConfig:
     return GGUFFile(path).config()
 
 
-def start_tensor_data(writer) -> tuple:
-    """Write a gguf.GGUFWriter's header, metadata and tensor infos and pad to the data alignment.
-    Returns (file, alignment): the tensors' bytes are then streamed in the order they were added, each
-    padded to the alignment, so a writer never holds a whole model (synth.py, convert.py)."""
+def write_tensor_data(writer, tensors, total: int, progress=None) -> None:
+    """Write a gguf.GGUFWriter's header, metadata and tensor infos, then stream the tensors' bytes:
+    `tensors` yields (name, n_bytes, chunks) in the order the infos were added, each chunk an array
+    written as its bytes, so a writer never holds a whole model (synth.py, convert.py).
+    `progress(done, total)` is called after every chunk."""
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_ti_data_to_file()
     fout = writer.fout[0]
     align = writer.data_alignment
     fout.write(b"\0" * (-fout.tell() % align))
-    return fout, align
+    done = 0
+    for name, nb, chunks in tensors:
+        written = 0
+        for c in chunks:
+            fout.write(memoryview(np.ascontiguousarray(c)).cast("B"))
+            written += c.nbytes
+            if progress is not None:
+                progress(done + written, total)
+        if written != nb:
+            raise ModelFormatError(f"internal: tensor {name} wrote {written} bytes, planned {nb}")
+        fout.write(b"\0" * (-nb % align))
+        done += nb
+    writer.flush()

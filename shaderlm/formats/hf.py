@@ -32,6 +32,7 @@ from ..errors import ModelFormatError, UnsupportedError
 from ..models.config import ModelConfig
 from .quantize import QUANTIZE_TYPES, encode_rows, n_bytes, target_type
 from .safetensors import FLOAT_DTYPES, SafetensorsFile
+from .source import ModelSource
 
 __all__ = ["HF_ARCHITECTURES", "HFCheckpoint", "HFTensor", "is_hf_folder", "hf_to_gguf_name"]
 
@@ -161,7 +162,7 @@ def _llama3_factors(rp: dict, base: float, rope_dim: int) -> np.ndarray:
     return out.astype(np.float32)
 
 
-class HFCheckpoint:
+class HFCheckpoint(ModelSource):
     """A Hugging Face checkpoint folder (see the module docstring)."""
 
     def __init__(self, folder: str | os.PathLike, quantize: str | None = None):
@@ -260,21 +261,6 @@ class HFCheckpoint:
         src = getattr(t, "source", None)
         if src is not None:
             src[0].release(src[1])
-
-    def tensor(self, name: str):
-        t = self.tensors.get(name)
-        if t is None:
-            raise ModelFormatError(f"{self.path}: required tensor '{name}' is missing")
-        return t
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def get(self, key, default=None):
-        return self.metadata.get(key, default)
-
-    def __repr__(self):
-        return f"HFCheckpoint({self.path!r}, arch={self.arch!r}, {len(self.tensors)} tensors)"
 
     # ---- config -----------------------------------------------------------------------------------
     def _num(self, key, default: Any = ModelFormatError):

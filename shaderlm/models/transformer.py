@@ -60,11 +60,9 @@ class Transformer:
         return w
 
     def _release(self, ts):
-        """Hook: tell the source the tensors are on the GPU (an HF folder drops their mapped pages)."""
-        release = getattr(self.gguf, "release", None)
-        if release is not None:
-            for t in ts:
-                release(t)
+        """Tell the source the tensors are on the GPU (an HF folder drops their mapped pages)."""
+        for t in ts:
+            self.gguf.release(t)
 
     def vector(self, name: str, required=True):
         """A 1-D tensor (norm weight, bias) as f32 on the GPU."""
