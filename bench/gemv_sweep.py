@@ -7,7 +7,8 @@ Each case uploads enough copies of a random matrix (valid blocks, synth.py's gen
 over them is several times the GPU's L2, runs them as a chain of dispatches in one compute pass
 (each writes the same output buffer, so each waits for the last, as in a decode step), and times
 the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves). Variants: `old` (matmul.wgsl), `auto` (gemv.wgsl with ops.gemv_shape),
-`WGxROWS` (gemv.wgsl forced). Output: a table, and the max relative difference from `old`.
+`WGxROWS` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
+experiment behind an #if). Output: a table, and the max relative difference from `old`.
 """
 from __future__ import annotations
 
@@ -56,8 +57,10 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
     st = dev.upload(np.array([0, 1, 0, 0], np.uint32))
     out, plans, ref = {}, {}, None
     for v in variants:
-        os.environ["SHADERLM_GEMV"] = v.replace("x", ",")
-        old = v == "old"
+        shape_v, *defs = v.split("+")           # "auto+EXP" also sets the kernel define EXP
+        os.environ["SHADERLM_GEMV"] = shape_v.replace("x", ",")
+        os.environ["SHADERLM_DEFINES"] = ",".join(defs)
+        old = shape_v == "old"
         try:
             # `old` via from_state_row (out_row0 = 0 here), which the wide GEMV does not take
             plan = Plan(dev, [d for w in ws for d in ops.matmul(dev, w, x, y, st, tt=1, y_stride=rows,
@@ -90,6 +93,7 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
         us = statistics.median(times[v]) * 1e6
         out[v] = (us, w0.nbytes / (us * 1e-6) / 1e9, note)
     os.environ.pop("SHADERLM_GEMV", None)
+    os.environ.pop("SHADERLM_DEFINES", None)
     return w0.nbytes, out
 
 

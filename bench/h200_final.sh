@@ -1,9 +1,20 @@
 #!/usr/bin/env bash
-# Issue 3's table on the GPU machine: yardstick models (synthetic, real shapes/types) with --peak,
-# then the 8B Q4_K_M decode step profiled two ways (timestamps per dispatch; back-to-back chains).
+# Issue 3's table on the GPU machine: the yardstick models (synthetic, real shapes/types) tuned for the
+# adapter (`shaderlm tune`, which prints what it chose), benched with --peak, then the 8B Q4_K_M decode
+# step profiled two ways (timestamps per dispatch; back-to-back chains). With the real SmolLM2 file at
+# /tmp/smol.gguf (carried in two halves), also its bench row and greedy dump (scripts/greedy_dump.py).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
-[ -f .smolA/part ] && cp .smolA/part /tmp/smol.a
-bash bench/yardsticks.sh /tmp/ys 2>&1 | grep -v -E "Warn|warn" | tee $OUT/yardsticks.txt
-python3 -m shaderlm.cli profile -m /tmp/ys/llama-3.1-8b-Q4_K_M.gguf --context 128 2>&1 | tee $OUT/profile8b.txt | head -14
-python3 bench/kernel_chain.py -m /tmp/ys/llama-3.1-8b-Q4_K_M.gguf 2>&1 | grep -v Warn | tee $OUT/chain8b.txt
+D=/tmp/ys
+bash bench/yardsticks.sh $D --synth-only
+for f in $D/*.gguf; do
+  echo "== shaderlm tune -m $f"; python3 -m shaderlm.cli tune -m "$f" 2>&1 | grep -v -E "Warn|warn"
+done | tee $OUT/tune.txt
+bash bench/yardsticks.sh $D 2>&1 | grep -v -E "Warn|warn" | tee $OUT/yardsticks.txt
+python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 2>&1 | tee $OUT/profile8b.txt | head -14
+python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf 2>&1 | grep -v Warn | tee $OUT/chain8b.txt
+if [ -s /tmp/smol.gguf ]; then
+  md5sum /tmp/smol.gguf
+  python3 -m shaderlm.cli bench -m /tmp/smol.gguf -p 512 -n 128 -r 5 2>&1 | grep -v Warn | tee $OUT/smol_real.txt
+  python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu.json && echo "greedy dump written"
+fi

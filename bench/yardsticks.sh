@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 3's yardstick table on this machine's GPU: writes the synthetic models (real shapes and
 # tensor types, random weights) into $DIR and runs `shaderlm bench` on all of them, plus --peak.
-#   bash bench/yardsticks.sh [DIR] [extra bench args...]
+#   bash bench/yardsticks.sh [DIR] [extra bench args... | --synth-only]
 set -euo pipefail
 DIR=${1:-/tmp/shaderlm-yardsticks}; shift || true
 mkdir -p "$DIR"
@@ -13,4 +13,5 @@ for spec in "smollm2-135m Q4_1" "llama-3.2-1b Q4_K_M" "llama-3.2-1b Q8_0" "llama
   models+=(-m "$f")
   shift 2
 done
+[ "${1:-}" = --synth-only ] && exit 0
 python3 -m shaderlm.cli bench --peak "${models[@]}" -p 512 -n 128 -r 5 "$@"

@@ -1,4 +1,4 @@
-"""Command line: shaderlm run | chat | info | perplexity | bench | synth."""
+"""Command line: shaderlm run | chat | info | perplexity | bench | profile | tune | synth."""
 from __future__ import annotations
 
 import argparse
@@ -143,6 +143,28 @@ def cmd_perplexity(args):
     print(f"Final estimate: PPL = {math.exp(mean):.4f} +/- {err:.5f}")
 
 
+def cmd_tune(args):
+    """Time every candidate shape of the model's tunable decode kernels (again, even if cached), keep
+    the fastest per adapter and print what was chosen."""
+    import os
+    from .gpu import autotune
+    os.environ["SHADERLM_TUNE"] = "0"              # load without tuning; tuned below, forced
+    args.ctx = args.ctx or 256
+    model = _load(args, progress=False)
+    os.environ.pop("SHADERLM_TUNE")
+    dev = model.device
+    dev._tune_loaded = False
+    autotune.load(dev)
+    rows = model.tune(force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))
+    print(f"decode step time with each kernel's default shape, then with its best (in order, so the\n"
+          f"later rows include the earlier choices)")
+    print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")
+    for key, d, d_us, b, b_us, n in rows:
+        print(f"{key:>44} | {n:>5} | {d[0]:>4}x{d[1]:<3} | {d_us:>8.1f} | {b[0]:>4}x{b[1]:<3} | {b_us:>8.1f} | "
+              f"{d_us / b_us:.2f}x")
+    print(f"cache: {autotune.cache_path(dev)}")
+
+
 def cmd_synth(args):
     from .synth import main as synth_main
     synth_main(args.rest)
@@ -177,6 +199,11 @@ def main(argv=None):
     from .bench import add_parser as add_bench, add_profile_parser
     add_bench(sub)
     add_profile_parser(sub)
+
+    p = sub.add_parser("tune", help="tune this model's decode kernel shapes for the adapter (cached on disk)")
+    _model_args(p, gen=False)
+    p.add_argument("--reps", type=int, default=7, help="timed runs per candidate (median kept)")
+    p.set_defaults(fn=cmd_tune)
 
     p = sub.add_parser("synth", help="write a synthetic GGUF (real shapes, random weights)")
     p.add_argument("rest", nargs=argparse.REMAINDER)

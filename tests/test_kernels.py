@@ -444,6 +444,24 @@ def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
 def test_attention_fused_rope(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window):
     """Decode attention with RoPE fused in: rotates q and the new K, stores the new K/V (f16) at pos,
     and attends over the cache plus the new key."""
+    check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window)
+
+
+def test_attention_every_tuned_shape(dev):
+    """Every (workgroup size, keys per step) the autotuner may pick for decode attention is correct."""
+    if not dev.has_subgroups:
+        pytest.skip("the decode attention kernel (and its tuning) needs subgroups")
+    for shape in attention_tunable(dev, 64, 4, 2).candidates():
+        check_fused_attention(dev, False, 64, 64, 4, 2, 149, 0, shape=shape)
+
+
+def attention_tunable(dev, hd, n_heads, n_kv):
+    b = dev.buffer(16)
+    return ops.attention(dev, b, b, b, b, b, n_heads=n_heads, n_kv=n_kv, head_dim=hd, scale=1.0,
+                         inv_freq=b, rope_dim=hd).tune
+
+
+def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, shape=None):
     rng = np.random.default_rng(pos + hd + rope_dim)
     base, scale, n = 10000.0, 1.0 / math.sqrt(hd), 1
     qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window)
@@ -454,8 +472,9 @@ def test_attention_fused_rope(dev, neox, rope_dim, hd, n_heads, n_kv, pos, windo
     st = state(dev, pos=pos, n=1, tok=0, out_row0=0)
     inv = dev.upload(inv_freq_turns(rope_dim, base).astype(np.float32))
     run(dev, ops.attention(dev, dev.upload(qkv), kb, vb, out, st, n_heads=n_heads, n_kv=n_kv, head_dim=hd,
-                           scale=scale, window=window, inv_freq=inv, rope_dim=rope_dim, neox=neox), 1)
-    what = f"fused attention neox={neox} rope_dim={rope_dim} hd={hd} pos={pos}"
+                           scale=scale, window=window, inv_freq=inv, rope_dim=rope_dim, neox=neox,
+                           shape=shape), 1)
+    what = f"fused attention neox={neox} rope_dim={rope_dim} hd={hd} pos={pos} shape={shape}"
     gotK = dev.read(kb, np.float16)[: K.size].reshape(K.shape)
     gotV = dev.read(vb, np.float16)[: V.size].reshape(V.shape)
     other = np.arange(K.shape[0]) != pos
@@ -667,3 +686,40 @@ def test_gemv_pair(dev, qa, qb, K, norm_):
     tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
     assert_close(got[:1, :ra + rb], ref, tol, f"gemv_pair {qa}+{qb}")
     assert is_poison(got[1]).all() and is_poison(got[0, ra + rb:]).all()
+
+
+@pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
+def test_gemv_every_tuned_shape(dev, case):
+    """Every (workgroup size, rows per workgroup) the autotuner may pick for a decode GEMV computes it
+    (ops.gemv_candidates; the Tunable's rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
+    rng = np.random.default_rng(len(case))
+    types, K = case.split()[0].split("+"), int(case.split()[1])
+    glu_, norm_, rows, eps = "glu" in case, "norm" in case, 37, 1e-5
+    mats = [make_weight(q, 2 * rows if glu_ else rows, K, rng) for q in types]
+    ws = [upload(dev, q, raw, W.shape[0], K) for q, (raw, W) in zip(types, mats)]
+    x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    xb, nb = dev.upload(x), dev.upload(nw)
+    out_rows = rows * len(ws)
+    yb = dev.upload(poisoned((1, out_rows)))
+    kw = dict(norm=nb, eps=eps) if norm_ else {}
+    if len(ws) == 2:
+        tune = ops.gemv_pair(dev, ws[0], ws[1], xb, yb, y_stride=out_rows, **kw)[0].tune
+    else:
+        tune = ops.gemv(dev, ws[0], xb, yb, y_stride=out_rows, glu=glu_, **kw)[0].tune
+    xin = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
+    W = np.concatenate([W for _, W in mats])
+    if glu_:
+        g, u = xin @ W[:rows].T, xin @ W[rows:].T
+        ref = silu(g) * u
+        tol = 2 * MM_RTOL * (1.2 * (np.abs(xin) @ np.abs(W[:rows]).T) * np.abs(u)
+                             + np.abs(silu(g)) * (np.abs(xin) @ np.abs(W[rows:]).T)) + 1e-5 * np.abs(ref) + 1e-30
+    else:
+        ref = xin @ W.T
+        tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
+    shapes = tune.candidates()
+    assert len(shapes) >= 4 and len(set(shapes)) == len(shapes)
+    for shape in shapes:
+        dev.write(yb, poisoned((1, out_rows)))
+        run(dev, tune.rebuild(shape), 1)
+        assert_close(read_f32(dev, yb, (1, out_rows)), ref, tol, f"{case} shape {shape}")

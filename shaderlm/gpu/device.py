@@ -87,6 +87,7 @@ class Device:
         self.has_subgroups = "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
         self._pipelines: dict = {}
+        self.tuned: dict = {}          # autotune: tuned kernel shapes by key (from the disk cache)
         # Decode fusions trade redundant arithmetic for fewer dispatches: a win where a dispatch
         # costs microseconds (GPUs), a loss on CPU adapters (lavapipe) where arithmetic is the cost.
         fuse = os.environ.get("SHADERLM_FUSE")
@@ -132,11 +133,13 @@ class Device:
 
     # ---- pipelines -----------------------------------------------------------------------------
     def defines(self) -> dict:
-        """Preprocessor symbols every kernel sees."""
-        return {"SUBGROUPS": self.has_subgroups}
+        """Preprocessor symbols every kernel sees. SHADERLM_DEFINES="A,B" sets more, for trying a
+        kernel variant behind an #if (bench/gemv_sweep.py's `auto+A` variants)."""
+        extra = [d for d in os.environ.get("SHADERLM_DEFINES", "").split(",") if d]
+        return {"SUBGROUPS": self.has_subgroups, **dict.fromkeys(extra, True)}
 
     def pipeline(self, kernel: str, **defines):
-        key = (kernel, tuple(sorted(defines.items())))
+        key = (kernel, tuple(sorted({**self.defines(), **defines}.items())))
         pipe = self._pipelines.get(key)
         if pipe is None:
             src = load_wgsl(kernel, {**self.defines(), **defines})

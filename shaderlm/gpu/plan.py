@@ -23,6 +23,7 @@ class Dispatch:
     grid: Grid                 # workgroup counts, or a function of the token count n
     label: str = ""
     bytes: int = 0             # bytes of weights this dispatch must read (for bandwidth reports)
+    tune: object = None        # an autotune.Tunable: this dispatch's shape can be tuned per adapter
 
     def workgroups(self, n: int) -> tuple:
         g = self.grid(n) if callable(self.grid) else self.grid

@@ -9,6 +9,7 @@ import os
 
 import numpy as np
 
+from ..gpu.autotune import Tunable
 from ..gpu.plan import Dispatch
 
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
@@ -119,6 +120,19 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     return wg, rows
 
 
+def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
+    """Shapes the autotuner tries for a decode GEMV over weights `ws` (one, or gemv_pair's two):
+    gemv_shape's first, then workgroups of 32-256 lanes (at least the subgroup, at most twice the
+    chunks of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read
+    two weight rows)."""
+    chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
+    lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
+    wgs = [g for g in (32, 64, 128, 256)
+           if max(32, dev.subgroup_size or 1) <= g <= min(lim, 2 * chunks)] or [default[0]]
+    rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
+    return [default] + [(g, r) for g in wgs for r in rows if (g, r) != default]
+
+
 def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, y_stride: int, eps: float) -> dict:
     """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
     return dict(QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, K=w.cols, NROWS=rows, ROW0=row0,
@@ -126,9 +140,15 @@ def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, y_stride: 
 
 
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
-         glu=False, gelu=False) -> list[Dispatch]:
-    """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows."""
-    wg, nrows = gemv_shape(dev, w, glu)
+         glu=False, gelu=False, shape=None) -> list[Dispatch]:
+    """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
+    `shape` (workgroup size, rows per workgroup): default the adapter's tuned one, else gemv_shape."""
+    key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None)
+    default = gemv_shape(dev, w, glu)
+    tune = Tunable(key, lambda: gemv_candidates(dev, [w], glu, default), lambda s: gemv(
+        dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
+        glu=glu, gelu=gelu, shape=s))
+    wg, nrows = shape or dev.tuned.get(key) or default
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
@@ -139,7 +159,7 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
         gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
-                            bytes=c.buffer.size))
+                            bytes=c.buffer.size, tune=tune))
     return out
 
 
@@ -148,11 +168,16 @@ def can_pair(wa, wb) -> bool:
     return wide_ok(wa) and wide_ok(wb) and wa.cols == wb.cols and len(wa.chunks) == len(wb.chunks) == 1
 
 
-def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0) -> list[Dispatch]:
+def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) -> list[Dispatch]:
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
-    each; the shape (workgroup size, rows) is wa's."""
-    wg, nrows = gemv_shape(dev, wa)
+    each; one shape for both (default: the tuned one, else wa's gemv_shape)."""
+    key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
+           + " norm" * (norm is not None))
+    default = gemv_shape(dev, wa)
+    tune = Tunable(key, lambda: gemv_candidates(dev, [wa, wb], False, default), lambda s: gemv_pair(
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
+    wg, nrows = shape or dev.tuned.get(key) or default
     ca, cb = wa.chunks[0], wb.chunks[0]
     pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, y_stride=y_stride,
                                                 eps=eps),
@@ -161,7 +186,8 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0) -> list[Dispat
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
-                     label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size)]
+                     label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size,
+                     tune=tune)]
 
 
 def _matmul_tiled(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row):
@@ -202,9 +228,10 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
-              neox: bool = False) -> Dispatch:
+              neox: bool = False, shape=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token) it also applies
-    RoPE to q and the new K and stores the new K/V, replacing rope_store."""
+    RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
+    kernel's (workgroup size, keys per step), default the adapter's tuned one."""
     wg = 64
     fused = inv_freq is not None
     if fused and dev.has_subgroups:
@@ -213,13 +240,21 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 \
             else 16 * sgs
         unroll = 4
-        if os.environ.get("SHADERLM_ATTN"):          # "WG,UNROLL", for tuning
+        if os.environ.get("SHADERLM_ATTN"):          # "WG,UNROLL", for experiments
             wg, unroll = (int(v) for v in os.environ["SHADERLM_ATTN"].split(","))
+        key = f"attention_decode hd{head_dim} {n_heads}/{n_kv} heads"
+        lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
+        tune = Tunable(key, lambda: [(wg, unroll)] + [
+            (g, u) for g in (128, 256, 512, 1024) for u in (2, 4, 8) if sgs <= g <= lim and (g, u) != (wg, unroll)],
+            lambda s: [attention(dev, qkv, k_cache, v_cache, out, st, n_heads=n_heads, n_kv=n_kv,
+                                 head_dim=head_dim, scale=scale, window=window, softcap=softcap,
+                                 inv_freq=inv_freq, rope_dim=rope_dim, neox=neox, shape=s)])
+        wg, unroll = shape or dev.tuned.get(key) or (wg, unroll)
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
                             MAXSG=wg // sgs, NEOX=neox, UNROLL=unroll)
         params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
         bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
-        return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode")
+        return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode", tune=tune)
     pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])

@@ -1,0 +1,89 @@
+"""The per-adapter autotuner (gpu/autotune.py): tunes a model's decode kernel shapes on first use,
+caches them on disk, reuses the cache, and leaves results correct (NumPy reference on the same file)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import shaderlm
+from shaderlm.gpu import autotune
+
+from synth_models import check_logits
+
+CASE = dict(preset="tiny", quant="Q4_K_M")
+
+
+@pytest.fixture
+def tuning(monkeypatch, tmp_path):
+    """Tuning forced on (also on lavapipe), fused decode (the tunable kernels), a private cache, and
+    a fresh tuning table on the shared device."""
+    monkeypatch.setenv("SHADERLM_TUNE", "1")
+    monkeypatch.setenv("SHADERLM_FUSE", "1")
+    monkeypatch.setenv("SHADERLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(autotune, "_timer", _fast_timer(autotune._timer))
+    from shaderlm.gpu.device import get_device
+    dev = get_device()
+    saved, saved_fused = dict(dev.tuned), dev.prefer_fused
+    dev.tuned.clear()
+    dev._tune_loaded = False
+    dev.prefer_fused = True
+    yield dev
+    dev.tuned.clear()
+    dev.tuned.update(saved)
+    dev.prefer_fused = saved_fused
+
+
+def _fast_timer(timer):
+    """The real timer with one sample per candidate and no minimum duration (lavapipe is slow)."""
+    calls = []
+
+    def fast(dev, plans, reps, min_s):
+        calls.append(len(plans))
+        return timer(dev, plans, 1, 0.0)
+    fast.calls = calls
+    return fast
+
+
+def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
+    dev = tuning
+    path = synth_gguf(seed=1, **CASE)
+    m = shaderlm.load(path, progress=False, ctx=64)
+    keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
+    assert any(k.startswith("gemv") for k in keys) and any(k.startswith("attention") for k in keys)
+    assert len(autotune._timer.calls) == len(keys)        # one timing round per distinct key
+    cache = autotune.cache_path(dev)
+    shapes = json.loads(cache.read_text())["shapes"]
+    assert set(shapes) == keys
+    # every dispatch of the plan now has its key's tuned shape, and the model is still right
+    check_logits(path, m, "tuned")
+
+    # a new process: the cache is read, nothing is timed, the plan is built with the cached shapes
+    dev.tuned.clear()
+    dev._tune_loaded = False
+    n_timed = len(autotune._timer.calls)
+    m2 = shaderlm.load(path, progress=False, ctx=64)
+    assert len(autotune._timer.calls) == n_timed
+    assert {k: list(v) for k, v in dev.tuned.items()} == shapes
+    check_logits(path, m2, "from cache")
+
+
+def test_bad_cache_is_ignored_and_replaced(tuning, synth_gguf, capsys):
+    dev = tuning
+    cache = autotune.cache_path(dev)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    cache.write_text('{"version": 1, "shapes": {"gemv Q8_0 96x96": [64, "many"]}}')
+    path = synth_gguf(seed=1, **CASE)
+    m = shaderlm.load(path, progress=False, ctx=64)
+    assert "ignoring the kernel tuning cache" in capsys.readouterr().err
+    shapes = json.loads(cache.read_text())["shapes"]      # rewritten by the tuning that followed
+    assert shapes and all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in shapes.values())
+    check_logits(path, m, "after a bad cache")
+
+
+def test_tune_off_uses_heuristics_only(tuning, synth_gguf, monkeypatch):
+    monkeypatch.setenv("SHADERLM_TUNE", "0")
+    dev = tuning
+    cache = autotune.cache_path(dev)
+    shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64)
+    assert not cache.exists() and not dev.tuned and not autotune._timer.calls
