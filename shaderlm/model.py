@@ -74,8 +74,8 @@ class Model:
 
     def tune(self, force=False, reps=5, log=None) -> list:
         """Tune the decode step's kernel shapes for this adapter (those not cached yet; all with
-        `force`): gpu/autotune.py. Attention is timed at position 256 (or the context's end)."""
-        self.net.set_state(min(self.net.ctx - 1, 256), 1, 0)
+        `force`): gpu/autotune.py. The step is timed at position 64 (or the context's end)."""
+        self.net.set_state(min(self.net.ctx - 1, 64), 1, 0)
         return autotune.tune_plan(self.device, self.net.plan_decode, force=force, reps=reps, log=log)
 
     # ---- token level -----------------------------------------------------------------------------

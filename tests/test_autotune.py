@@ -50,7 +50,7 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
     path = synth_gguf(seed=1, **CASE)
     m = shaderlm.load(path, progress=False, ctx=64)
     keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
-    assert any(k.startswith("gemv") for k in keys) and any(k.startswith("attention") for k in keys)
+    assert any(k.startswith("gemv") for k in keys)
     assert len(autotune._timer.calls) == len(keys)        # one timing round per distinct key
     cache = autotune.cache_path(dev)
     shapes = json.loads(cache.read_text())["shapes"]

@@ -32,7 +32,7 @@ from .plan import Plan
 
 VERSION = 1
 # kernels whose source decides the tuned shapes: editing them invalidates the cache
-KERNELS = ("gemv", "gemv_rows", "quant_common", "reduce", "attention_decode", "rope")
+KERNELS = ("gemv", "gemv_rows", "quant_common", "reduce")
 NOISE = 0.01          # a candidate must beat the default shape by this fraction of a step to replace it
 
 
@@ -137,7 +137,7 @@ def _timer(dev, plans: dict, reps: int, min_s: float) -> dict:
     return {c: statistics.median(v) for c, v in samples.items()}
 
 
-def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0.01,
+def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0.02,
               warm_s: float = 0.2, log=None) -> list:
     """Tune the shapes of `plan`'s tunable dispatches not yet in dev.tuned (all with `force`), save
     the cache and rebuild those dispatches in the plan.
