@@ -10,6 +10,7 @@ def load(path=None, **kw):
 
     Keyword arguments: device (index or name substring), ctx (context length), batch (prefill chunk),
     tokens_per_submit (decode steps per GPU submit), progress (loading bar), quantize ("q8_0" or
-    "q4_k": quantize a Hugging Face folder's float weights while loading)."""
+    "q4_k": quantize a Hugging Face folder's float weights while loading), tune (time the decode
+    kernels' shapes not cached for this adapter yet; default: on GPUs unless SHADERLM_TUNE=0)."""
     from .model import Model
     return Model(path, **kw)

@@ -146,15 +146,10 @@ def cmd_perplexity(args):
 def cmd_tune(args):
     """Time every candidate shape of the model's tunable decode kernels (again, even if cached), keep
     the fastest per adapter and print what was chosen."""
-    import os
     from .gpu import autotune
-    os.environ["SHADERLM_TUNE"] = "0"              # load without tuning; tuned below, forced
     args.ctx = args.ctx or 256
-    model = _load(args, progress=False)
-    os.environ.pop("SHADERLM_TUNE")
+    model = _load(args, progress=False, tune=False)       # tuned below, every key
     dev = model.device
-    dev._tune_loaded = False
-    autotune.load(dev)
     rows = model.tune(force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))
     print(f"decode step time with each kernel's default shape, then with its best (in order, so the\n"
           f"later rows include the earlier choices)")

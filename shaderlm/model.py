@@ -46,7 +46,7 @@ def open_model(path, quantize=None):
 
 class Model:
     def __init__(self, path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True,
-                 fuse=None, quantize=None):
+                 fuse=None, quantize=None, tune=None):
         from .formats.tokenizer import Tokenizer
         from .gpu.device import get_device
 
@@ -61,14 +61,15 @@ class Model:
         self.tokenizer = self.gguf.tokenizer() if hasattr(self.gguf, "tokenizer") else \
             Tokenizer.from_metadata(self.gguf.metadata)
         self.device = get_device(device)
-        autotune.load(self.device)
         bar = _Progress(sum(t.n_bytes for t in self.gguf.tensors.values()), os.path.basename(self.path)) \
             if progress else None
         self.net = cls(self.device, self.gguf, self.config, ctx=ctx, batch=batch,
                        progress=bar.update if bar else None, fuse=fuse)
         if bar:
             bar.close()
-        if autotune.enabled(self.device):
+        if tune is None:
+            tune = autotune.enabled(self.device)
+        if tune:
             self.tune(log=lambda m: print(f"shaderlm: {m}", file=sys.stderr))
         self.generator = Generator(self.net, tokens_per_submit)
 

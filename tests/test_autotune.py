@@ -26,7 +26,6 @@ def tuning(monkeypatch, tmp_path):
     dev = get_device()
     saved, saved_fused = dict(dev.tuned), dev.prefer_fused
     dev.tuned.clear()
-    dev._tune_loaded = False
     dev.prefer_fused = True
     yield dev
     dev.tuned.clear()
@@ -60,7 +59,7 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
 
     # a new process: the cache is read, nothing is timed, the plan is built with the cached shapes
     dev.tuned.clear()
-    dev._tune_loaded = False
+    dev.tuned.update(autotune.load(dev))
     n_timed = len(autotune._timer.calls)
     m2 = shaderlm.load(path, progress=False, ctx=64)
     assert len(autotune._timer.calls) == n_timed
@@ -73,6 +72,7 @@ def test_bad_cache_is_ignored_and_replaced(tuning, synth_gguf, capsys):
     cache = autotune.cache_path(dev)
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text('{"version": 1, "shapes": {"gemv Q8_0 96x96": [64, "many"]}}')
+    dev.tuned.update(autotune.load(dev))              # as a new process opening the device would
     path = synth_gguf(seed=1, **CASE)
     m = shaderlm.load(path, progress=False, ctx=64)
     assert "ignoring the kernel tuning cache" in capsys.readouterr().err

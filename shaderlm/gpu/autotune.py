@@ -71,16 +71,11 @@ def cache_path(dev) -> Path:
 
 
 def load(dev) -> dict:
-    """Fill dev.tuned from the adapter's cache file (once per device). A file that does not parse is
-    ignored with a warning, and rewritten by the next tuning."""
-    if getattr(dev, "_tune_loaded", False):
-        return dev.tuned
-    dev._tune_loaded = True
-    if mode() == "0":
-        return dev.tuned
+    """The adapter's cached shapes by key (Device.tuned starts as this). A file that does not parse
+    is ignored with a warning, and rewritten by the next tuning."""
     path = cache_path(dev)
-    if not path.exists():
-        return dev.tuned
+    if mode() == "0" or not path.exists():
+        return {}
     try:
         data = json.loads(path.read_text())
         shapes = data["shapes"]
@@ -88,11 +83,11 @@ def load(dev) -> dict:
               if isinstance(k, str) and isinstance(v, list) and len(v) == 2
               and all(isinstance(i, int) and 0 < i <= 4096 for i in v)}
         if len(ok) != len(shapes):
-            raise ValueError("entries that are not a [workgroup size, rows or keys per step] pair")
-        dev.tuned.update(ok)
+            raise ValueError("entries that are not a [workgroup size, rows] pair")
+        return ok
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"shaderlm: ignoring the kernel tuning cache {path}: {e}", file=sys.stderr)
-    return dev.tuned
+        return {}
 
 
 def save(dev):
@@ -117,10 +112,15 @@ def _groups(plan) -> dict:
     return groups
 
 
-def _timer(dev, plans: dict, reps: int, min_s: float) -> dict:
+def _timer(dev, plans: dict, reps: int, min_s: float, warm_s: float = 0.2) -> dict:
     """Median GPU seconds per run of each plan: CPU-timed from the submit of an already recorded
-    command buffer to a readback, candidates interleaved so clock changes hit all alike."""
+    command buffer to a readback, candidates interleaved so clock changes hit all alike. The first
+    plan runs for warm_s before: compiling the candidates idled the GPU, and its clocks dropped."""
     sync = dev.buffer(16)
+    first, t_end = next(iter(plans.values())), time.perf_counter() + warm_s
+    while time.perf_counter() < t_end:
+        first.run(1)
+        dev.read(sync, np.uint32, 0, 16)
 
     def once(plan, repeat):
         cb = plan.record(1, repeat)
@@ -137,8 +137,7 @@ def _timer(dev, plans: dict, reps: int, min_s: float) -> dict:
     return {c: statistics.median(v) for c, v in samples.items()}
 
 
-def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0.02,
-              warm_s: float = 0.2, log=None) -> list:
+def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0.02, log=None) -> list:
     """Tune the shapes of `plan`'s tunable dispatches not yet in dev.tuned (all with `force`), save
     the cache and rebuild those dispatches in the plan.
 
@@ -152,7 +151,6 @@ def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0
         return []
     if log:
         log(f"tuning {len(todo)} kernel shape(s) for {dev.name} (first use; cached in {cache_path(dev)})")
-    sync = dev.buffer(16)
     report = []
     for key in todo:
         cands = groups[key][0].candidates()
@@ -165,16 +163,12 @@ def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0
                     log(f"  {key}: shape {c} skipped: {e}")
         if cands[0] not in plans:
             continue
-        t_end = time.perf_counter() + warm_s     # compiling idled the GPU, and its clocks dropped
-        while time.perf_counter() < t_end:
-            plan.run(1)
-            dev.read(sync, np.uint32, 0, 16)
         times = _timer(dev, plans, reps, min_s)
         best = min(times, key=times.get)
         if times[best] > times[cands[0]] * (1 - NOISE):
             best = cands[0]
         dev.tuned[key] = best
-        plan.dispatches, plan._raw = plans[best].dispatches, {}
+        plan.replace(plans[best].dispatches)
         report.append((key, cands[0], times[cands[0]] * 1e6, best, times[best] * 1e6, len(groups[key])))
     save(dev)
     return report

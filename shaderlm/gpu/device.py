@@ -11,6 +11,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI co
 
 from ..errors import DeviceError  # noqa: E402
 from ..kernels import load_wgsl  # noqa: E402
+from . import autotune  # noqa: E402
 from .backend import BufferUsage, MapMode, wgpu  # noqa: E402
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
@@ -87,12 +88,12 @@ class Device:
         self.has_subgroups = "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
         self._pipelines: dict = {}
-        self.tuned: dict = {}          # autotune: tuned kernel shapes by key (from the disk cache)
         # Decode fusions trade redundant arithmetic for fewer dispatches: a win where a dispatch
         # costs microseconds (GPUs), a loss on CPU adapters (lavapipe) where arithmetic is the cost.
         fuse = os.environ.get("SHADERLM_FUSE")
         self.prefer_fused = (fuse != "0") if fuse is not None else self.adapter.info["adapter_type"] != "CPU"
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
+        self.tuned: dict = autotune.load(self)      # kernel shapes tuned for this adapter, by key
 
     @property
     def name(self) -> str:
@@ -139,10 +140,11 @@ class Device:
         return {"SUBGROUPS": self.has_subgroups, **dict.fromkeys(extra, True)}
 
     def pipeline(self, kernel: str, **defines):
-        key = (kernel, tuple(sorted({**self.defines(), **defines}.items())))
+        defines = {**self.defines(), **defines}
+        key = (kernel, tuple(sorted(defines.items())))
         pipe = self._pipelines.get(key)
         if pipe is None:
-            src = load_wgsl(kernel, {**self.defines(), **defines})
+            src = load_wgsl(kernel, defines)
             try:
                 module = self.device.create_shader_module(code=src, label=kernel)
                 pipe = self.device.create_compute_pipeline(

@@ -44,6 +44,10 @@ class Plan:
     def extend(self, ds):
         self.dispatches.extend(ds)
 
+    def replace(self, dispatches):
+        """Another list of dispatches (autotune's rebuilt shapes); drops the recorded handles."""
+        self.dispatches, self._raw = list(dispatches), {}
+
     def __len__(self):
         return len(self.dispatches)
 
