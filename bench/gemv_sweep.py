@@ -7,7 +7,7 @@ Each case uploads enough copies of a random matrix (valid blocks, synth.py's gen
 over them is several times the GPU's L2, runs them as a chain of dispatches in one compute pass
 (each writes the same output buffer, so each waits for the last, as in a decode step), and times
 the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves). Variants: `old` (matmul.wgsl), `auto` (gemv.wgsl with ops.gemv_shape),
-`WGxROWS` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
+`WGxROWS[xSTEPS]` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
 experiment behind an #if). Output: a table, and the max relative difference from `old`.
 """
 from __future__ import annotations
@@ -73,7 +73,7 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
         got = dev.read(y, np.float32)[:rows]
         ref = got if ref is None else ref
         err = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-30))
-        plans[v] = (plan, f"{err:.1e}" + (f" {shape[0]}x{shape[1]}" if shape else ""))
+        plans[v] = (plan, f"{err:.1e}" + (" " + "x".join(map(str, shape)) if shape else ""))
     # CPU-timed chains of all copies, one submit each (no timestamps between dispatches: they
     # serialize and cost time themselves); variants interleaved so that clock changes hit all alike
     times = {v: [] for v in plans}

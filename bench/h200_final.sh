@@ -3,18 +3,24 @@
 # adapter (`shaderlm tune`, which prints what it chose), benched with --peak, then the 8B Q4_K_M decode
 # step profiled two ways (timestamps per dispatch; back-to-back chains). With the real SmolLM2 file at
 # /tmp/smol.gguf (carried in two halves), also its bench row and greedy dump (scripts/greedy_dump.py).
+#   bash bench/h200_final.sh [--int8-act]     (the flag: the opt-in int8-activation GEMVs throughout;
+#                                               outputs get the suffix -int8)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 D=/tmp/ys
+FLAG=${1:-}
+SUF=${FLAG:+-int8}
+[ -n "$FLAG" ] && export SHADERLM_INT8_ACT=1         # for the scripts that load without the CLI
 bash bench/yardsticks.sh $D --synth-only
 for f in $D/*.gguf; do
-  echo "== shaderlm tune -m $f"; python3 -m shaderlm.cli tune -m "$f" 2>&1 | grep -v -E "Warn|warn"
-done | tee $OUT/tune.txt
-bash bench/yardsticks.sh $D 2>&1 | grep -v -E "Warn|warn" | tee $OUT/yardsticks.txt
-python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 2>&1 | tee $OUT/profile8b.txt | head -14
-python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf 2>&1 | grep -v Warn | tee $OUT/chain8b.txt
+  echo "== shaderlm tune -m $f $FLAG"; python3 -m shaderlm.cli tune -m "$f" $FLAG 2>&1 | grep -v -E "Warn|warn"
+done | tee $OUT/tune$SUF.txt
+bash bench/yardsticks.sh $D $FLAG 2>&1 | grep -v -E "Warn|warn" | tee $OUT/yardsticks$SUF.txt
+python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 $FLAG 2>&1 | tee $OUT/profile8b$SUF.txt | head -14
+python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf 2>&1 | grep -v Warn | tee $OUT/chain8b$SUF.txt
 if [ -s /tmp/smol.gguf ]; then
   md5sum /tmp/smol.gguf
-  python3 -m shaderlm.cli bench -m /tmp/smol.gguf -p 512 -n 128 -r 5 2>&1 | grep -v Warn | tee $OUT/smol_real.txt
-  python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu.json && echo "greedy dump written"
+  python3 -m shaderlm.cli tune -m /tmp/smol.gguf $FLAG 2>&1 | grep -v -E "Warn|warn" | tail -3
+  python3 -m shaderlm.cli bench -m /tmp/smol.gguf -p 512 -n 128 -r 5 $FLAG 2>&1 | grep -v Warn | tee $OUT/smol_real$SUF.txt
+  python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu$SUF.json && echo "greedy dump written"
 fi

@@ -57,21 +57,23 @@ def run(args):
     need = max(args.p + [0]) + max(args.n + [0]) + 8
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
-                              tokens_per_submit=args.tokens_per_submit, progress=False)
+                              tokens_per_submit=args.tokens_per_submit, progress=False,
+                              **({"int8_act": True} if args.int8_act else {}))
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
         quant = model.gguf.metadata.get("general.file_type", "")
         peak = args.peak_gbs
+        extra = {"int8_act": model.net.int8_act}
         for p in args.p:
             if p:
                 tps = bench_prompt(model, p, args.r)
-                rows.append(_row(name, size, quant, f"pp{p}", tps, 0, peak))
+                rows.append(_row(name, size, quant, f"pp{p}", tps, 0, peak, **extra))
         for n in args.n:
             if n:
                 tps, cpu = bench_gen(model, n, args.r)
                 rows.append(_row(name, size, quant, f"tg{n}", tps, decode_bytes(model), peak,
                                  dispatches=len(model.net.plan_decode), per_submit=model.generator.k,
-                                 cpu_ms_per_token=1000 * statistics.median(cpu)))
+                                 cpu_ms_per_token=1000 * statistics.median(cpu), **extra))
         device = model.device.name
     if args.json:
         print(json.dumps({"device": device, "results": rows}, indent=1))
@@ -80,7 +82,8 @@ def run(args):
     print(f"device: {device}")
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
-        vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", _quant_name(r["quant"]), r["test"],
+        vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", _quant_name(r["quant"]) + " i8x" * r["int8_act"],
+                r["test"],
                 f"{r['tps']:.1f}", f"{r['spread']:.1f}",
                 f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
                 f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",
@@ -121,6 +124,7 @@ def add_parser(sub):
     p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
     p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--int8-act", action="store_true", help="int8 activations in decode GEMVs (see run --help)")
     p.set_defaults(fn=lambda a: run(_defaults(a)))
     return p
 
@@ -140,7 +144,8 @@ def profile(args):
     import shaderlm
     from .gpu.profiler import summarize, time_dispatches
     ctx = max(args.context + args.prefill + 8, 64)
-    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False)
+    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
+                          **({"int8_act": True} if args.int8_act else {}))
     net, gen = model.net, model.generator
     ids = np.random.default_rng(0).integers(0, net.cfg.vocab_size, max(args.context, 1)).tolist()
     gen._prefill(ids, 0, sample=True)
@@ -174,6 +179,7 @@ def add_profile_parser(sub):
     p.add_argument("--model", "-m")
     p.add_argument("--device")
     p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
+    p.add_argument("--int8-act", action="store_true", help="int8 activations in decode GEMVs (see run --help)")
     p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
     p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
     p.set_defaults(fn=profile)

@@ -16,6 +16,9 @@ def _model_args(p, gen=True):
                    help="quantize a Hugging Face folder's float weights while loading")
     p.add_argument("--device", help="adapter index or name substring (see `shaderlm info`)")
     p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: model's, max 4096)")
+    p.add_argument("--int8-act", action="store_true",
+                   help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
+                        "faster, not bit-exact: see README)")
     if gen:
         p.add_argument("--max-tokens", "-n", type=int, default=256)
         p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy")
@@ -33,6 +36,8 @@ def _load(args, **kw):
         ctx = 4096
     if getattr(args, "quantize", None):
         kw["quantize"] = args.quantize
+    if args.int8_act:
+        kw["int8_act"] = True
     return shaderlm.load(args.model, device=args.device, ctx=ctx, **kw)
 
 
@@ -154,8 +159,9 @@ def cmd_tune(args):
     print(f"decode step time with each kernel's default shape, then with its best (in order, so the\n"
           f"later rows include the earlier choices)")
     print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")
+    shape = lambda s: "x".join(map(str, s if s[2:] != (1,) else s[:2]))   # WGxROWS[xSTEPS]
     for key, d, d_us, b, b_us, n in rows:
-        print(f"{key:>44} | {n:>5} | {d[0]:>4}x{d[1]:<3} | {d_us:>8.1f} | {b[0]:>4}x{b[1]:<3} | {b_us:>8.1f} | "
+        print(f"{key:>44} | {n:>5} | {shape(d):>8} | {d_us:>8.1f} | {shape(b):>8} | {b_us:>8.1f} | "
               f"{d_us / b_us:.2f}x")
     print(f"cache: {autotune.cache_path(dev)}")
 

@@ -46,7 +46,7 @@ def open_model(path, quantize=None):
 
 class Model:
     def __init__(self, path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True,
-                 fuse=None, quantize=None, tune=None):
+                 fuse=None, quantize=None, tune=None, int8_act=None):
         from .formats.tokenizer import Tokenizer
         from .gpu.device import get_device
 
@@ -64,7 +64,8 @@ class Model:
         bar = _Progress(sum(t.n_bytes for t in self.gguf.tensors.values()), os.path.basename(self.path)) \
             if progress else None
         self.net = cls(self.device, self.gguf, self.config, ctx=ctx, batch=batch,
-                       progress=bar.update if bar else None, fuse=fuse)
+                       progress=bar.update if bar else None, fuse=fuse,
+                       int8_act=int8_act if int8_act is not None else os.environ.get("SHADERLM_INT8_ACT") == "1")
         if bar:
             bar.close()
         if tune is None:

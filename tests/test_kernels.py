@@ -719,3 +719,65 @@ def test_gemv_every_tuned_shape(dev, case):
         dev.write(yb, poisoned((1, out_rows)))
         run(dev, tune.rebuild(shape), 1)
         assert_close(read_f32(dev, yb, (1, out_rows)), ref, tol, f"{case} shape {shape}")
+
+
+def int8_rounded(x):
+    """x as the int8-activation GEMV sees it (gemv.wgsl Q8X): each aligned run of 16 elements rounded
+    to int8 with one scale, d = max|x| / 127 (float64 result)."""
+    g = x.astype(np.float32).reshape(-1, 16)
+    amax = np.abs(g).max(axis=1, keepdims=True)
+    inv = np.where(amax > 0, np.float32(127) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    q = np.round(g * inv)
+    assert np.abs(q).max() <= 127
+    return (q * (amax / 127)).astype(np.float64).reshape(x.shape), (amax / 127).repeat(16, 1).reshape(x.shape)
+
+
+@pytest.mark.parametrize("case", ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512",
+                                  "Q4_K 512 glu norm", "Q8_0 256 glu", "Q4_K+Q6_K 512 norm",
+                                  "Q4_0 1056 steps"])
+def test_gemv_int8_x(dev, case):
+    """The opt-in int8-activation GEMV (weights flagged int8_x) computes the dot of the dequantized
+    weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
+    with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
+    rng = np.random.default_rng(len(case) * 7)
+    types, K = case.split()[0].split("+"), int(case.split()[1])
+    glu_, norm_, rows, eps = "glu" in case, "norm" in case, 37, 1e-5
+    mats = [make_weight(q, 2 * rows if glu_ else rows, K, rng) for q in types]
+    ws = [upload(dev, q, raw, W.shape[0], K) for q, (raw, W) in zip(types, mats)]
+    for w in ws:
+        assert w.qtype.int8_dot
+        w.int8_x = True
+    x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
+    nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
+    out_rows = rows * len(ws)
+    yb = dev.upload(poisoned((1, out_rows)))
+    kw = dict(norm=dev.upload(nw), eps=eps) if norm_ else {}
+    shape = (32, 3, 2) if "steps" in case else None
+    if len(ws) == 2:
+        ds = ops.gemv_pair(dev, ws[0], ws[1], dev.upload(x), yb, y_stride=out_rows, shape=shape, **kw)
+    else:
+        ds = ops.gemv(dev, ws[0], dev.upload(x), yb, y_stride=out_rows, glu=glu_, shape=shape, **kw)
+    assert all("int8x" in d.tune.key for d in ds)
+    run(dev, ds, 1)
+    got = read_f32(dev, yb, (1, out_rows))
+    if norm_:         # the kernel rounds x * norm weight and applies 1/rms after the dot
+        scale = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
+        xq, d = int8_rounded(x * nw)
+        xq, d = xq * scale, d * scale
+    else:
+        xq, d = int8_rounded(x)
+    W = np.concatenate([W for _, W in mats])
+    # f32 sums in another order, plus one rounding step (d) where float ties round differently
+    slack = lambda Wp: 2 * MM_RTOL * (np.abs(xq) @ np.abs(Wp).T) + 1.01 * (d @ np.abs(Wp).T) / K * 2
+    if glu_:
+        g, u = xq @ W[:rows].T, xq @ W[rows:].T
+        ref = silu(g) * u
+        tol = 1.2 * slack(W[:rows]) * np.abs(u) + np.abs(silu(g)) * slack(W[rows:]) + 1e-30
+    else:
+        ref = xq @ W.T
+        tol = slack(W) + 1e-30
+    assert_close(got, ref, tol, case)
+    # and the rounding is what the kernel did: the exact-x result is measurably further away
+    xe = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
+    exact = xe @ W.T if not glu_ else silu(xe @ W[:rows].T) * (xe @ W[rows:].T)
+    assert np.abs(got - exact).max() > 10 * np.abs(got - ref).max(), case

@@ -118,3 +118,30 @@ def test_generation_stops_when_context_is_full(models):
     _, m = models("llama-Q4_1", ctx=32)
     out = m.generate_tokens(list(range(3, 23)), 100, stop_at_eos=False)
     assert len(out) == 32 - 20 + 1 and m.stats.stop_reason == "context"
+
+
+@pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-F16"])
+def test_int8_act_decode(models, name):
+    """int8_act=True (--int8-act): decode GEMVs of the types with an int8 decoder take x rounded to
+    int8 (tests/test_kernels.py::test_gemv_int8_x checks the kernels exactly). Here the wiring: the
+    decode plan's GEMVs are the int8 ones exactly where the type allows, and greedy decode follows the
+    reference wherever its top-1/top-2 margin is clear of the rounding (5% of the logit scale, against
+    0.2% for the exact path); F16, which has no int8 decoder, gives the exact path's tokens."""
+    path, m = models(name, fuse=True, int8_act=True)
+    gemvs = [d for d in m.net.plan_decode.dispatches if d.label.startswith("gemv.")]
+    int8 = [d for d in gemvs if "int8x" in d.tune.key]
+    if name == "llama-F16":
+        assert gemvs and not int8
+        _, exact = models(name, fuse=True)
+        prompt = _ids(m.config.vocab_size, 7, 1)
+        assert m.generate_tokens(prompt, 12, stop_at_eos=False) == exact.generate_tokens(prompt, 12, stop_at_eos=False)
+        return
+    assert int8 and all(d.label.split(".", 1)[1].split("+")[0] in ("Q4_K", "Q6_K", "Q8_0") for d in int8)
+    prompt = _ids(m.config.vocab_size, 7, 1)
+    got = m.generate_tokens(prompt, 20, temperature=0.0, stop_at_eos=False)
+    logits_all = reference_logits(path, prompt + got)
+    rows = logits_all[len(prompt) - 1:len(prompt) - 1 + len(got)]
+    top2 = np.sort(rows, axis=1)[:, -2:]
+    bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), got,
+                           0.05 * float(np.abs(logits_all).max()))
+    assert bad is None, bad

@@ -27,6 +27,7 @@ class QuantType:
     # The decode GEMV's chunking (the WIDE part of the type's decoder, which tests check against this):
     # (elements per wide block, chunks per wide block, bytes one lane's chunk_load reads), or None
     wide: tuple | None = None
+    int8_dot: bool = False    # the decoder also has the int8-activation dot (kernels' Q8X; opt-in)
 
     @property
     def kernel(self) -> str:
@@ -44,14 +45,14 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("F32", 1, 4, None, gpu_elems=8),
     QuantType("F16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
     QuantType("BF16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
-    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36)),       # d            -> 32-byte blocks
-    QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20)),       # d            -> 16
-    QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20)),       # d, m         -> 16
-    QuantType("Q5_0", 32, 22, (0, 2)),                         # d            -> 20 (word aligned only)
-    QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24)),       # d, m, qh     -> 16
-    QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32)),      # 144 = 9 x 16 already
-    QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48)),      # 176 = 11 x 16
-    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68)),  # d            -> 208 = 13 x 16
+    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True),       # d            -> 32-byte blocks
+    QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True),       # d            -> 16
+    QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True),       # d, m         -> 16
+    QuantType("Q5_0", 32, 22, (0, 2)),                                        # d            -> 20 (word aligned only)
+    QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24)),                      # d, m, qh     -> 16
+    QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True),      # 144 = 9 x 16 already
+    QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48)),                     # 176 = 11 x 16
+    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True),  # d            -> 208 = 13 x 16
 ]}
 
 

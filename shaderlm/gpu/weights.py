@@ -25,6 +25,7 @@ class GPUWeight:
     cols: int                       # input features (K)
     chunks: list = field(default_factory=list)
     nbytes: int = 0                 # bytes on the GPU (what a full pass over it reads)
+    int8_x: bool = False            # the decode GEMV rounds x to int8 for it (opt-in: Transformer)
 
     @property
     def shape(self):

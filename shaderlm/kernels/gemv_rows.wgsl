@@ -15,23 +15,38 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     let ublk$i = (min(rbase + $iu, last) + p.rows) * bpr;
 #endif
 #end
-    for (var c = li; c < chunks; c += {{WG}}u) {
-        let b = c / CPB;
-        let cc = c % CPB;
-        // every load of the step first (weights of all rows, then x), then the arithmetic: the
-        // loads are then all in flight together whatever the compiler's scheduling
+    // STEPS chunk steps per trip (strided by the workgroup): every weight load of all of them is
+    // issued before any arithmetic, so STEPS x ROWS loads per lane are in flight together whatever the
+    // compiler's scheduling. A step past the row's end (when STEPS x WG does not divide the chunks)
+    // loads the last chunk again and adds nothing.
+    for (var c0 = li; c0 < chunks; c0 += {{WG}}u * {{STEPS}}u) {
+#unroll STEPS u
+        let c$u = min(c0 + $uu * {{WG}}u, chunks - 1u);
+        let b$u = c$u / CPB;
+        let cc$u = c$u % CPB;
 #unroll ROWS
-        let cw$i = chunk_load(blk$i + b, cc);
+        let cw$u_$i = chunk_load(blk$i + b$u, cc$u);
 #if GLU
-        let cu$i = chunk_load(ublk$i + b, cc);
+        let cu$u_$i = chunk_load(ublk$i + b$u, cc$u);
 #endif
 #end
-        let xr = x_chunk(xrow, b, cc);
-#unroll ROWS
-        acc$i += chunk_dot(cw$i, cc, xr);
-#if GLU
-        up$i += chunk_dot(cu$i, cc, xr);
+#end
+        // then each step's x (from L1/L2: loaded late, to keep its registers short-lived) and dots
+#unroll STEPS u
+        if (c0 + $uu * {{WG}}u < chunks) {
+            let xr = x_chunk(xrow, b$u, cc$u);
+#if Q8X
+            let xs = x_quant(xr);        // int8 x (opt-in); the decoders' chunk_dot then takes that
+#else
+            let xs = xr;
 #endif
+#unroll ROWS
+            acc$i += chunk_dot(cw$u_$i, cc$u, xs);
+#if GLU
+            up$i += chunk_dot(cu$u_$i, cc$u, xs);
+#endif
+#end
+        }
 #end
     }
 #if SUBGROUPS

@@ -93,8 +93,8 @@ def wide_ok(w) -> bool:
     return q.wide is not None and w.cols % q.wide[0] == 0 and os.environ.get("SHADERLM_GEMV") != "old"
 
 
-def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
-    """(workgroup size, rows per workgroup) for the decode GEMV of `w`.
+def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
+    """(workgroup size, rows per workgroup, chunk steps per trip) for the decode GEMV of `w`.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
@@ -102,11 +102,11 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     than keeps about 768 workgroups (small matrices need the parallelism more). Measured on the H200
     in whole decode steps, where fewer rows won over the isolated-GEMV sweeps' choice (8): Llama 8B
     Q4_K_M 166 -> 192 tok/s with 2-3 rows, while Q4_0 and Q8_0 wanted 4 or more.
-    SHADERLM_GEMV="WG,ROWS" overrides both, for tuning; "old" selects matmul.wgsl instead."""
+    Steps per trip: 1 (the tuner tries 2).
+    SHADERLM_GEMV="WG,ROWS[,STEPS]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
-        wg, rows = (int(v) for v in env.split(","))
-        return wg, rows
+        return full_shape(tuple(int(v) for v in env.split(",")))
     block, per_block, load = w.qtype.wide
     chunks = w.cols // block * per_block
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
@@ -117,45 +117,56 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int]:
     load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
     rows = max(1, min(8, round(128 / load), out_rows // 768))
-    return wg, rows
+    return wg, rows, 1
+
+
+def full_shape(shape) -> tuple[int, int, int]:
+    """A GEMV shape (workgroup size, rows, chunk steps per trip), steps 1 where left out."""
+    return tuple(shape) + (1,) * (3 - len(shape))
 
 
 def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     """Shapes the autotuner tries for a decode GEMV over weights `ws` (one, or gemv_pair's two):
     gemv_shape's first, then workgroups of 32-256 lanes (at least the subgroup, at most twice the
     chunks of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read
-    two weight rows)."""
+    two weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has
+    chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453)."""
     chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     wgs = [g for g in (32, 64, 128, 256)
            if max(32, dev.subgroup_size or 1) <= g <= min(lim, 2 * chunks)] or [default[0]]
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
-    return [default] + [(g, r) for g in wgs for r in rows if (g, r) != default]
+    out = [default] + [(g, r, 1) for g in wgs for r in rows]
+    out += [(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
+    return list(dict.fromkeys(full_shape(s) for s in out))
 
 
-def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, y_stride: int, eps: float) -> dict:
+def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, steps: int, y_stride: int,
+                  eps: float) -> dict:
     """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
-    return dict(QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, K=w.cols, NROWS=rows, ROW0=row0,
+    return dict(QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, STEPS=steps, K=w.cols, NROWS=rows, ROW0=row0,
                 DBASE=c.dbase, Y_STRIDE=y_stride, EPS=float(eps))
 
 
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
-    `shape` (workgroup size, rows per workgroup): default the adapter's tuned one, else gemv_shape."""
-    key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None)
+    `shape` (workgroup size, rows per workgroup[, chunk steps per trip]): default the adapter's tuned
+    one, else gemv_shape. With w.int8_x (opt-in) x is rounded to int8 for integer dots (Q8X)."""
+    key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
+        + " int8x" * w.int8_x
     default = gemv_shape(dev, w, glu)
     tune = Tunable(key, lambda: gemv_candidates(dev, [w], glu, default), lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
         glu=glu, gelu=gelu, shape=s))
-    wg, nrows = shape or dev.tuned.get(key) or default
+    wg, nrows, steps = full_shape(shape or dev.tuned.get(key) or default)
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
         pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, wg=wg, nrows=nrows,
-                                                    y_stride=y_stride, eps=eps),
+                                                    steps=steps, y_stride=y_stride, eps=eps),
                             BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
-                            ACT_GELU=gelu)
+                            ACT_GELU=gelu, Q8X=w.int8_x)
         gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
@@ -172,17 +183,18 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
     each; one shape for both (default: the tuned one, else wa's gemv_shape)."""
+    q8x = wa.int8_x and wb.int8_x
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
-           + " norm" * (norm is not None))
+           + " norm" * (norm is not None) + " int8x" * q8x)
     default = gemv_shape(dev, wa)
     tune = Tunable(key, lambda: gemv_candidates(dev, [wa, wb], False, default), lambda s: gemv_pair(
         dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
-    wg, nrows = shape or dev.tuned.get(key) or default
+    wg, nrows, steps = full_shape(shape or dev.tuned.get(key) or default)
     ca, cb = wa.chunks[0], wb.chunks[0]
-    pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, y_stride=y_stride,
-                                                eps=eps),
+    pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, steps=steps,
+                                                y_stride=y_stride, eps=eps),
                         DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
-                        NORM=norm is not None)
+                        NORM=norm is not None, Q8X=q8x)
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),

@@ -11,6 +11,8 @@
 //                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
 //   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
+// and, where QuantType.int8_dot, under Q8X: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
+//   chunk_dot(cw, c, xq) over those instead.
 
 #if WIDE
 fn word(i: u32) -> u32 {
@@ -44,6 +46,48 @@ fn dot_nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32,
          + dot(u8x4(((q.z >> sh) & m) | (((h.z >> hsh) & hmask) << 4u)), x2)
          + dot(u8x4(((q.w >> sh) & m) | (((h.w >> hsh) & hmask) << 4u)), x3);
 }
+
+#if Q8X
+// Q8X (opt-in, not exact): the decode GEMV rounds each 16-element run of x to int8 with one f32
+// scale (d = max|x| / 127) and dots weight bytes with dot4I8Packed: integer dots replace the per-weight
+// float conversions. QRun: the run's int8 words, d, and d * (sum of its ints) for offset/min terms.
+struct QRun { q: vec4<u32>, d: f32, s: f32 }
+const RND: f32 = 12582912.0;     // 1.5 * 2^23: adding it leaves round(v) in the low mantissa bits
+fn q8_word(v: vec4<f32>, inv: f32) -> u32 {
+    let u = bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)) & vec4<u32>(255u);
+    return u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+}
+fn q8_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
+    let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
+    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    let inv = select(127.0 / amax, 0.0, amax == 0.0);
+    let q = vec4<u32>(q8_word(a, inv), q8_word(b, inv), q8_word(c, inv), q8_word(e, inv));
+    let d = amax / 127.0;
+    return QRun(q, d, d * f32(idot(q, vec4<u32>(0x01010101u))));
+}
+struct XQ2 { lo: QRun, hi: QRun }
+struct XQ4 { r0: QRun, r1: QRun, r2: QRun, r3: QRun }
+fn xq2(xr: array<vec4<f32>, 8>) -> XQ2 {
+    return XQ2(q8_run(xr[0], xr[1], xr[2], xr[3]), q8_run(xr[4], xr[5], xr[6], xr[7]));
+}
+fn xq4(xr: array<vec4<f32>, 16>) -> XQ4 {
+    return XQ4(q8_run(xr[0], xr[1], xr[2], xr[3]), q8_run(xr[4], xr[5], xr[6], xr[7]),
+               q8_run(xr[8], xr[9], xr[10], xr[11]), q8_run(xr[12], xr[13], xr[14], xr[15]));
+}
+// 16 signed bytes (a) dotted with 16 int8 x (b).
+fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
+}
+// dot_nib / dot_nib_hi with int8 x.
+fn idot_nib(q: vec4<u32>, sh: u32, x: vec4<u32>) -> i32 {
+    let m = 0x0F0F0F0Fu;
+    return idot((q >> vec4<u32>(sh)) & vec4<u32>(m), x);
+}
+fn idot_nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32, x: vec4<u32>) -> i32 {
+    let m = vec4<u32>(0x0F0F0F0Fu);
+    return idot(((q >> vec4<u32>(sh)) & m) | (((h >> vec4<u32>(hsh)) & vec4<u32>(hmask)) << vec4<u32>(4u)), x);
+}
+#endif
 #endif
 
 struct V8 { a: vec4<f32>, b: vec4<f32> }

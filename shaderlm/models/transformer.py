@@ -18,7 +18,7 @@ SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel i
 
 class Transformer:
     def __init__(self, dev, gguf, config: ModelConfig, *, ctx: int | None = None, batch: int = 256,
-                 progress=None, fuse: bool | None = None):
+                 progress=None, fuse: bool | None = None, int8_act: bool = False):
         self.dev = dev
         self.gguf = gguf
         self.cfg = config
@@ -26,6 +26,7 @@ class Transformer:
         self.batch = max(1, min(batch, self.ctx))
         self.progress = progress
         self.fuse = dev.prefer_fused if fuse is None else fuse     # decode fusions (see Device)
+        self.int8_act = int8_act      # decode GEMVs with int8 x where the type allows (not exact)
         self.weights: dict[str, GPUWeight] = {}
         self.weight_bytes = 0
         self._alloc()
@@ -56,6 +57,7 @@ class Transformer:
         else:
             w = concat_rows(self.dev, "+".join(names), [(t.name, t.type, t.shape, t.data) for t in ts])
         self.weight_bytes += w.nbytes
+        w.int8_x = self.int8_act and w.qtype.int8_dot
         self._release(ts)
         return w
 

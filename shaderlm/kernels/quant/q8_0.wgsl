@@ -14,6 +14,7 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { a: vec4<u32>, b: vec4<u32>, d: f32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 2u], w[blk * 2u + 1u], split_d(blk)); }
+#if !Q8X
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let a = cw.a;
     let b = cw.b;
@@ -21,4 +22,10 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
           + dot(i8x4(b.x), xr[4]) + dot(i8x4(b.y), xr[5]) + dot(i8x4(b.z), xr[6]) + dot(i8x4(b.w), xr[7]);
     return cw.d * s;
 }
+#else
+fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
+fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
+    return cw.d * (xq.lo.d * f32(idot(cw.a, xq.lo.q)) + xq.hi.d * f32(idot(cw.b, xq.hi.q)));
+}
+#endif
 #endif
