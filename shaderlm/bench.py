@@ -9,6 +9,8 @@ import time
 
 import numpy as np
 
+from .cli import add_int8_act
+
 
 def decode_bytes(model) -> int:
     """Weight bytes one decode step reads (every matrix once, plus norms)."""
@@ -58,7 +60,7 @@ def run(args):
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
                               tokens_per_submit=args.tokens_per_submit, progress=False,
-                              **({"int8_act": True} if args.int8_act else {}))
+                              int8_act=args.int8_act or None)
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
         quant = model.gguf.metadata.get("general.file_type", "")
@@ -124,7 +126,7 @@ def add_parser(sub):
     p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
     p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--int8-act", action="store_true", help="int8 activations in decode GEMVs (see run --help)")
+    add_int8_act(p)
     p.set_defaults(fn=lambda a: run(_defaults(a)))
     return p
 
@@ -145,7 +147,7 @@ def profile(args):
     from .gpu.profiler import summarize, time_dispatches
     ctx = max(args.context + args.prefill + 8, 64)
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
-                          **({"int8_act": True} if args.int8_act else {}))
+                          int8_act=args.int8_act or None)
     net, gen = model.net, model.generator
     ids = np.random.default_rng(0).integers(0, net.cfg.vocab_size, max(args.context, 1)).tolist()
     gen._prefill(ids, 0, sample=True)
@@ -179,7 +181,7 @@ def add_profile_parser(sub):
     p.add_argument("--model", "-m")
     p.add_argument("--device")
     p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
-    p.add_argument("--int8-act", action="store_true", help="int8 activations in decode GEMVs (see run --help)")
+    add_int8_act(p)
     p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
     p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
     p.set_defaults(fn=profile)

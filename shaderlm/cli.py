@@ -16,9 +16,7 @@ def _model_args(p, gen=True):
                    help="quantize a Hugging Face folder's float weights while loading")
     p.add_argument("--device", help="adapter index or name substring (see `shaderlm info`)")
     p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: model's, max 4096)")
-    p.add_argument("--int8-act", action="store_true",
-                   help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
-                        "faster, not bit-exact: see README)")
+    add_int8_act(p)
     if gen:
         p.add_argument("--max-tokens", "-n", type=int, default=256)
         p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy")
@@ -29,6 +27,12 @@ def _model_args(p, gen=True):
         p.add_argument("--tokens-per-submit", type=int, default=8, help="decode steps per GPU submit")
 
 
+def add_int8_act(p):
+    p.add_argument("--int8-act", action="store_true",
+                   help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
+                        "faster, not bit-exact: see README)")
+
+
 def _load(args, **kw):
     import shaderlm
     ctx = args.ctx
@@ -36,9 +40,7 @@ def _load(args, **kw):
         ctx = 4096
     if getattr(args, "quantize", None):
         kw["quantize"] = args.quantize
-    if args.int8_act:
-        kw["int8_act"] = True
-    return shaderlm.load(args.model, device=args.device, ctx=ctx, **kw)
+    return shaderlm.load(args.model, device=args.device, ctx=ctx, int8_act=args.int8_act or None, **kw)
 
 
 def _sampling(args):

@@ -722,7 +722,7 @@ def test_gemv_every_tuned_shape(dev, case):
 
 
 def int8_rounded(x):
-    """x as the int8-activation GEMV sees it (gemv.wgsl Q8X): each aligned run of 16 elements rounded
+    """x as the int8-activation GEMV sees it (gemv.wgsl INT8_X): each aligned run of 16 elements rounded
     to int8 with one scale, d = max|x| / 127 (float64 result)."""
     g = x.astype(np.float32).reshape(-1, 16)
     amax = np.abs(g).max(axis=1, keepdims=True)

@@ -80,10 +80,10 @@ def load(dev) -> dict:
         data = json.loads(path.read_text())
         shapes = data["shapes"]
         ok = {k: tuple(v) for k, v in shapes.items()
-              if isinstance(k, str) and isinstance(v, list) and 2 <= len(v) <= 3
+              if isinstance(k, str) and isinstance(v, list) and len(v) == 3
               and all(isinstance(i, int) and 0 < i <= 4096 for i in v)}
         if len(ok) != len(shapes):
-            raise ValueError("entries that are not a [workgroup size, rows(, steps)] list")
+            raise ValueError("entries that are not a [workgroup size, rows, steps] list")
         return ok
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"shaderlm: ignoring the kernel tuning cache {path}: {e}", file=sys.stderr)

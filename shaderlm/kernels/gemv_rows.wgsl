@@ -35,7 +35,7 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
 #unroll STEPS u
         if (c0 + $uu * {{WG}}u < chunks) {
             let xr = x_chunk(xrow, b$u, cc$u);
-#if Q8X
+#if INT8_X
             let xs = x_quant(xr);        // int8 x (opt-in); the decoders' chunk_dot then takes that
 #else
             let xs = xr;

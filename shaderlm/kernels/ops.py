@@ -152,7 +152,7 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
     `shape` (workgroup size, rows per workgroup[, chunk steps per trip]): default the adapter's tuned
-    one, else gemv_shape. With w.int8_x (opt-in) x is rounded to int8 for integer dots (Q8X)."""
+    one, else gemv_shape. With w.int8_x (opt-in) x is rounded to int8 for integer dots (INT8_X)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     default = gemv_shape(dev, w, glu)
@@ -166,7 +166,7 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
         pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, wg=wg, nrows=nrows,
                                                     steps=steps, y_stride=y_stride, eps=eps),
                             BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
-                            ACT_GELU=gelu, Q8X=w.int8_x)
+                            ACT_GELU=gelu, INT8_X=w.int8_x)
         gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
@@ -183,9 +183,9 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
     each; one shape for both (default: the tuned one, else wa's gemv_shape)."""
-    q8x = wa.int8_x and wb.int8_x
+    int8_x = wa.int8_x and wb.int8_x
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
-           + " norm" * (norm is not None) + " int8x" * q8x)
+           + " norm" * (norm is not None) + " int8x" * int8_x)
     default = gemv_shape(dev, wa)
     tune = Tunable(key, lambda: gemv_candidates(dev, [wa, wb], False, default), lambda s: gemv_pair(
         dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
@@ -194,7 +194,7 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, steps=steps,
                                                 y_stride=y_stride, eps=eps),
                         DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
-                        NORM=norm is not None, Q8X=q8x)
+                        NORM=norm is not None, INT8_X=int8_x)
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),

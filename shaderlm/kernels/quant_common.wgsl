@@ -11,7 +11,7 @@
 //                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
 //   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
-// and, where QuantType.int8_dot, under Q8X: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
+// and, where QuantType.int8_dot, under INT8_X: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
 //   chunk_dot(cw, c, xq) over those instead.
 
 #if WIDE
@@ -30,25 +30,19 @@ fn word(i: u32) -> u32 { return w[i]; }
 // Sum of the 4 lanes of v (x runs' sums, for the min/offset terms).
 fn hsum(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
 
-// 16 4-bit quants (nibble at bit `sh` of each byte of q) dotted with 16 x values.
-fn dot_nib(q: vec4<u32>, sh: u32, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    let m = 0x0F0F0F0Fu;
-    return dot(u8x4((q.x >> sh) & m), x0) + dot(u8x4((q.y >> sh) & m), x1)
-         + dot(u8x4((q.z >> sh) & m), x2) + dot(u8x4((q.w >> sh) & m), x3);
+// 16 4-bit quants as bytes (nibble at bit `sh` of each byte of q), and with extra high bits
+// (| ((h's bytes >> hsh) & hmask) << 4): the words both the float and the int8-x dots take.
+fn nib(q: vec4<u32>, sh: u32) -> vec4<u32> { return (q >> vec4<u32>(sh)) & vec4<u32>(0x0F0F0F0Fu); }
+fn nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32) -> vec4<u32> {
+    return nib(q, sh) | (((h >> vec4<u32>(hsh)) & vec4<u32>(hmask)) << vec4<u32>(4u));
+}
+// 16 unsigned bytes (four words) dotted with 16 x values.
+fn dot_u8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
+    return dot(u8x4(b.x), x0) + dot(u8x4(b.y), x1) + dot(u8x4(b.z), x2) + dot(u8x4(b.w), x3);
 }
 
-// 16 quants with extra high bits: nibble at bit `sh` of q's bytes | ((h's bytes >> hsh) & hmask) << 4.
-fn dot_nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32,
-              x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    let m = 0x0F0F0F0Fu;
-    return dot(u8x4(((q.x >> sh) & m) | (((h.x >> hsh) & hmask) << 4u)), x0)
-         + dot(u8x4(((q.y >> sh) & m) | (((h.y >> hsh) & hmask) << 4u)), x1)
-         + dot(u8x4(((q.z >> sh) & m) | (((h.z >> hsh) & hmask) << 4u)), x2)
-         + dot(u8x4(((q.w >> sh) & m) | (((h.w >> hsh) & hmask) << 4u)), x3);
-}
-
-#if Q8X
-// Q8X (opt-in, not exact): the decode GEMV rounds each 16-element run of x to int8 with one f32
+#if INT8_X
+// INT8_X (opt-in, not exact): the decode GEMV rounds each 16-element run of x to int8 with one f32
 // scale (d = max|x| / 127) and dots weight bytes with dot4I8Packed: integer dots replace the per-weight
 // float conversions. QRun: the run's int8 words, d, and d * (sum of its ints) for offset/min terms.
 struct QRun { q: vec4<u32>, d: f32, s: f32 }
@@ -77,15 +71,6 @@ fn xq4(xr: array<vec4<f32>, 16>) -> XQ4 {
 // 16 signed bytes (a) dotted with 16 int8 x (b).
 fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
-}
-// dot_nib / dot_nib_hi with int8 x.
-fn idot_nib(q: vec4<u32>, sh: u32, x: vec4<u32>) -> i32 {
-    let m = 0x0F0F0F0Fu;
-    return idot((q >> vec4<u32>(sh)) & vec4<u32>(m), x);
-}
-fn idot_nib_hi(q: vec4<u32>, sh: u32, h: vec4<u32>, hsh: u32, hmask: u32, x: vec4<u32>) -> i32 {
-    let m = vec4<u32>(0x0F0F0F0Fu);
-    return idot(((q >> vec4<u32>(sh)) & m) | (((h >> vec4<u32>(hsh)) & vec4<u32>(hmask)) << vec4<u32>(4u)), x);
 }
 #endif
 #endif

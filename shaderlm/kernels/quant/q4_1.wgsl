@@ -17,11 +17,11 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { q: vec4<u32>, dm: u32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], word(p.dbase + blk)); }
-#if !Q8X
+#if !INT8_X
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let q = cw.q;
     let dm = unpack2x16float(cw.dm);
-    let s = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]) + dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
+    let s = dot_u8(nib(q, 0u), xr[0], xr[1], xr[2], xr[3]) + dot_u8(nib(q, 4u), xr[4], xr[5], xr[6], xr[7]);
     let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
     return dm.x * s + dm.y * xs;
 }
@@ -29,7 +29,7 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
     let dm = unpack2x16float(cw.dm);
-    let s = xq.lo.d * f32(idot_nib(cw.q, 0u, xq.lo.q)) + xq.hi.d * f32(idot_nib(cw.q, 4u, xq.hi.q));
+    let s = xq.lo.d * f32(idot(nib(cw.q, 0u), xq.lo.q)) + xq.hi.d * f32(idot(nib(cw.q, 4u), xq.hi.q));
     return dm.x * s + dm.y * (xq.lo.s + xq.hi.s);
 }
 #endif

@@ -30,13 +30,13 @@ fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
 }
 struct CW { h: vec4<u32>, q: vec4<u32> }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 9u], w[blk * 9u + 1u + c]); }
-#if !Q8X
+#if !INT8_X
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let h = cw.h;
     let q = cw.q;
     let sc = k4_chunk_scales(h, c);
-    let lo = dot_nib(q, 0u, xr[0], xr[1], xr[2], xr[3]);
-    let hi = dot_nib(q, 4u, xr[4], xr[5], xr[6], xr[7]);
+    let lo = dot_u8(nib(q, 0u), xr[0], xr[1], xr[2], xr[3]);
+    let hi = dot_u8(nib(q, 4u), xr[4], xr[5], xr[6], xr[7]);
     let xa = hsum(xr[0] + xr[1] + xr[2] + xr[3]);
     let xb = hsum(xr[4] + xr[5] + xr[6] + xr[7]);
     return sc.x * lo + sc.y * hi - (sc.z * xa + sc.w * xb);
@@ -45,8 +45,8 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
     let sc = k4_chunk_scales(cw.h, c);
-    let lo = xq.lo.d * f32(idot_nib(cw.q, 0u, xq.lo.q));
-    let hi = xq.hi.d * f32(idot_nib(cw.q, 4u, xq.hi.q));
+    let lo = xq.lo.d * f32(idot(nib(cw.q, 0u), xq.lo.q));
+    let hi = xq.hi.d * f32(idot(nib(cw.q, 4u), xq.hi.q));
     return sc.x * lo + sc.y * hi - (sc.z * xq.lo.s + sc.w * xq.hi.s);
 }
 #endif

@@ -30,13 +30,13 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let dm = unpack2x16float(cw.dm);
     let qh = cw.qh;
     // bit 4 of element e (byte e & 3 of word e >> 2, low nibbles for e < 16) is bit e of qh;
-    // q5_hbits puts each word's 4 bits at bit 4 of its bytes, which dot_nib_hi takes as they are
+    // q5_hbits puts each word's 4 bits at bit 4 of its bytes, which nib_hi takes as they are
     let hl = vec4<u32>(q5_hbits(qh & 15u), q5_hbits((qh >> 4u) & 15u), q5_hbits((qh >> 8u) & 15u),
                        q5_hbits((qh >> 12u) & 15u));
     let hh = vec4<u32>(q5_hbits((qh >> 16u) & 15u), q5_hbits((qh >> 20u) & 15u), q5_hbits((qh >> 24u) & 15u),
                        q5_hbits(qh >> 28u));
-    let s = dot_nib_hi(q, 0u, hl, 4u, 0x01010101u, xr[0], xr[1], xr[2], xr[3])
-          + dot_nib_hi(q, 4u, hh, 4u, 0x01010101u, xr[4], xr[5], xr[6], xr[7]);
+    let s = dot_u8(nib_hi(q, 0u, hl, 4u, 0x01010101u), xr[0], xr[1], xr[2], xr[3])
+          + dot_u8(nib_hi(q, 4u, hh, 4u, 0x01010101u), xr[4], xr[5], xr[6], xr[7]);
     let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
     return dm.x * s + dm.y * xs;
 }

@@ -40,8 +40,8 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let q = cw.q;
     let sc = k4_chunk_scales(h, c);
     let s0 = (c >> 1u) * 2u;
-    let lo = dot_nib_hi(q, 0u, qh, s0, 0x01010101u, xr[0], xr[1], xr[2], xr[3]);
-    let hi = dot_nib_hi(q, 4u, qh, s0 + 1u, 0x01010101u, xr[4], xr[5], xr[6], xr[7]);
+    let lo = dot_u8(nib_hi(q, 0u, qh, s0, 0x01010101u), xr[0], xr[1], xr[2], xr[3]);
+    let hi = dot_u8(nib_hi(q, 4u, qh, s0 + 1u, 0x01010101u), xr[4], xr[5], xr[6], xr[7]);
     let xa = hsum(xr[0] + xr[1] + xr[2] + xr[3]);
     let xb = hsum(xr[4] + xr[5] + xr[6] + xr[7]);
     return sc.x * lo + sc.y * hi - (sc.z * xa + sc.w * xb);
