@@ -5,8 +5,10 @@ plan is repeated N times in one compute pass (one submit, CPU-timed to the readb
 what the dispatch costs back to back with itself, launch and barrier included. The table groups
 dispatches by label and shape; the last line times the whole decode plan the same way. The clock
 starts after encoding, at the submit: these are GPU times.
+--ablate also times whole steps with each group's dispatches left out (wrong results, right timing):
+the step's time minus that is what the group costs where it sits, in the step.
 
-    python bench/kernel_chain.py -m model.gguf [-n 300]
+    python bench/kernel_chain.py -m model.gguf [-n 300] [--ablate]
 """
 from __future__ import annotations
 
@@ -47,6 +49,7 @@ def main():
     ap.add_argument("-m", "--model", action="append")
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--context", type=int, default=128)
+    ap.add_argument("--ablate", action="store_true")
     a = ap.parse_args()
     for path in a.model or [None]:
         model = shaderlm.load(path, ctx=a.context + 16, progress=False)
@@ -73,6 +76,15 @@ def main():
         net.set_state(len(ids), 1, 0)
         print(f"sum {total:.0f} us; whole decode step back to back: {step:.0f} us (= {1e6 / step:.0f} tok/s), "
               f"{len(net.plan_decode)} dispatches")
+        if a.ablate:
+            print(f"{'left out':>22} | {'grid':>16} | {'calls':>5} | {'step us':>8} | {'saved us':>8} | {'per call':>8}")
+            for (label, grid, nbytes), ds in groups.items():
+                drop = set(map(id, ds))
+                rest = Plan(dev, [d for d in net.plan_decode.dispatches if id(d) not in drop])
+                us = timed(dev, rest, 20, net.state) * 1e6
+                net.set_state(len(ids), 1, 0)
+                print(f"{label:>22} | {str(grid):>16} | {len(ds):>5} | {us:8.0f} | {step - us:8.1f} | "
+                      f"{(step - us) / len(ds):8.2f}")
 
 
 if __name__ == "__main__":

@@ -120,6 +120,28 @@ def test_generation_stops_when_context_is_full(models):
     assert len(out) == 32 - 20 + 1 and m.stats.stop_reason == "context"
 
 
+def test_stop_with_batches_in_flight_keeps_the_cache(models):
+    """A stop token ends generation while later decode batches are still queued on the GPU (2 tokens
+    a submit, 2 submits in flight): the stop comes back with nothing after it, and a follow-up turn
+    that reuses the cached prefix gives what a fresh run of the whole sequence gives."""
+    _, m = models("llama-Q4_1", tokens_per_submit=2)
+    gen = m.generator
+    assert gen.depth == 2
+    prompt = _ids(m.config.vocab_size, 6, 5)
+    full = m.generate_tokens(prompt, 16, stop_at_eos=False)
+    stop = full[5]
+    cut = full[:full.index(stop)]
+    gen.reset()
+    got = list(gen.generate(prompt, 16, stop_ids={stop}, keep_history=True))
+    assert got == cut and m.stats.stop_reason == "eos"
+    assert gen.history == prompt + cut          # the stop token was sampled but never fed
+    follow = prompt + cut + [3]
+    again = list(gen.generate(follow, 6, keep_history=True))      # reuses the cached prefix
+    gen.reset()
+    fresh = list(gen.generate(follow, 6, keep_history=True))
+    assert again == fresh and len(again) == 6
+
+
 @pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-F16"])
 def test_int8_act_decode(models, name):
     """int8_act=True (--int8-act): decode GEMVs of the types with an int8 decoder take x rounded to

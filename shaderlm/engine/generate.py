@@ -2,12 +2,15 @@
 
 The sampler runs on the GPU and writes each new token into the token buffer, where the next step's
 embedding reads it, so a submit of N decode steps needs no host round trip; only token ids come back,
-copied at the end of each batch into a small mapped buffer. While the GPU runs one batch the CPU
-encodes the next; a batch encoded past a stop is simply never submitted.
+copied at the end of each batch into a small mapped buffer. Two batches stay queued on the GPU (so it
+never waits for this thread between them) while the CPU encodes the next. A batch queued past a stop
+runs to no effect: its tokens are never read, and the cache positions it writes are past the kept
+history, so the next request overwrites them.
 """
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,16 +49,19 @@ class Stats:
 
 
 class Generator:
-    def __init__(self, model, tokens_per_submit: int = 8):
+    def __init__(self, model, tokens_per_submit: int = 8, batches_in_flight: int = 2):
         self.m = model
         self.dev = model.dev
         self.k = max(1, tokens_per_submit)
         self.history: list[int] = []      # tokens whose K/V are in the cache, in order
         self._sampling = None
         self.stats = Stats()
-        # two readback buffers: one for the batch on the GPU, one for the batch being encoded
+        self.depth = max(1, batches_in_flight)
+        # readback buffers: one per batch in flight, one for the batch being encoded (used in turn)
         self._staging = [self.dev.device.create_buffer(size=4 * self.k, usage=BufferUsage.MAP_READ
-                                                       | BufferUsage.COPY_DST) for _ in range(2)]
+                                                       | BufferUsage.COPY_DST)
+                         for _ in range(self.depth + 1)]
+        self._slot = 0
 
     @property
     def ctx(self):
@@ -97,12 +103,13 @@ class Generator:
             m.prefill_plan(n, with_sample).run(n)
             self.stats.submits += 1
 
-    def _encode_batch(self, pos: int, k: int, slot: int):
-        """A command buffer feeding the token at `pos` and sampling k more, their ids copied to a
-        readback buffer. The state write is queued now and lands after whatever is already
+    def _encode_batch(self, pos: int, k: int):
+        """A command buffer feeding the token at `pos` and sampling k more, their ids copied to the
+        next readback buffer. The state write is queued now and lands after whatever is already
         submitted, right before this batch."""
         t0 = time.perf_counter()
-        staging = self._staging[slot]
+        self._slot = (self._slot + 1) % len(self._staging)
+        staging = self._staging[self._slot]
         self.m.set_state(pos, 1, 0)
         copy = lambda enc: enc.copy_buffer_to_buffer(self.m.tokens, 4 * (pos + 1), staging, 0, 4 * k)  # noqa: E731
         cb = self.m.plan_decode.record(1, repeat=k, then=copy)
@@ -152,7 +159,17 @@ class Generator:
             t1 = time.perf_counter()
             st.decode_tokens = 1
             stop_ids = set(stop_ids)
-            ahead = None                        # (pos, k, command buffer, staging) encoded in advance
+            last = len(prompt_ids) + max_tokens - 1     # position of the final token asked for
+            end = pos                   # tokens up to `end` are sampled or being sampled on the GPU
+            inflight = deque()          # submitted batches, oldest first
+            ahead = None                # the next batch, encoded while the GPU runs
+            n0 = st.submits
+
+            def encode_next():
+                # sizes 1, 2, 4, ... up to k: the first batch is encoded while the GPU is idle (a
+                # 1B step encodes in about 0.3 ms), later ones while earlier ones run
+                return self._encode_batch(end, min(self.k, 1 << (st.submits - n0), last - end,
+                                                   self.ctx - end))
             while True:
                 for tok in pending:
                     if tok in stop_ids:
@@ -166,22 +183,24 @@ class Generator:
                 if pos >= self.ctx:             # the sampled token has no cache slot left
                     st.stop_reason = "context"
                     return
-                # feed the token at `pos` and sample k more on the GPU, in one submit
-                left = max_tokens - (len(seq) - len(prompt_ids))
-                k = min(self.k, left, self.ctx - pos)
-                if ahead is None or ahead[:2] != (pos, k):
-                    ahead = self._encode_batch(pos, k, st.submits % 2)
-                _, _, cb, staging = ahead
-                self.dev.submit([cb])
-                st.submits += 1
-                # while the GPU runs it, encode the next batch
-                k2 = min(self.k, left - k, self.ctx - pos - k)
-                ahead = self._encode_batch(pos + k, k2, st.submits % 2) if k2 > 0 else None
+                # keep `depth` batches queued, so the GPU never waits for this thread between them;
+                # a batch feeding the token at q samples q+1 .. q+k (k <= ctx - q: cache slots)
+                while len(inflight) < self.depth and end < min(last, self.ctx):
+                    ahead = ahead or encode_next()
+                    self.dev.submit([ahead[2]])
+                    st.submits += 1
+                    inflight.append(ahead)
+                    end += ahead[1]
+                    ahead = None
+                # while the GPU runs them, encode the next
+                if end < min(last, self.ctx):
+                    ahead = encode_next()
+                q, k, _, staging = inflight.popleft()
                 staging.map_sync(MapMode.READ, 0, 4 * k)
                 pending = np.frombuffer(staging.read_mapped(0, 4 * k), np.uint32).tolist()
                 staging.unmap()
                 st.decode_tokens += k
-                pos += k
+                pos = q + k
                 st.decode_s = time.perf_counter() - t1
         finally:
             if st.decode_tokens and "t1" in locals():

@@ -24,8 +24,9 @@ fn dim_pair(d: u32) -> vec3<u32> {
 }
 
 // (cos, sin) of pair i at position pos; reduced in turns first so sin/cos see a small argument
-fn rope_cs(i: u32, pos: u32) -> vec2<f32> {
-    let turns = f32(pos) * inv_freq[i];
+fn rope_cs(i: u32, pos: u32) -> vec2<f32> { return rope_cs_f(inv_freq[i], pos); }
+fn rope_cs_f(turns_per_pos: f32, pos: u32) -> vec2<f32> {
+    let turns = f32(pos) * turns_per_pos;
     let a = (turns - floor(turns)) * 6.283185307179586;
     return vec2<f32>(cos(a), sin(a));
 }
