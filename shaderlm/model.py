@@ -76,9 +76,12 @@ class Model:
 
     def tune(self, force=False, reps=5, log=None) -> list:
         """Tune the decode step's kernel shapes for this adapter (those not cached yet; all with
-        `force`): gpu/autotune.py. The step is timed at position 64 (or the context's end)."""
-        self.net.set_state(min(self.net.ctx - 1, 64), 1, 0)
-        return autotune.tune_plan(self.device, self.net.plan_decode, force=force, reps=reps, log=log)
+        `force`): gpu/autotune.py. Steps are timed from position 64 (or mid-context) on, never past
+        the context's end."""
+        pos0 = min(self.net.ctx // 2, 64)
+        return autotune.tune_plan(self.device, self.net.plan_decode, force=force, reps=reps, log=log,
+                                  reset=lambda: self.net.set_state(pos0, 1, 0),
+                                  max_repeat=max(1, min(64, self.net.ctx - 1 - pos0)))
 
     # ---- token level -----------------------------------------------------------------------------
     def logits(self, token_ids):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 import shaderlm
@@ -37,9 +38,9 @@ def _fast_timer(timer):
     """The real timer with one sample per candidate and no minimum duration (lavapipe is slow)."""
     calls = []
 
-    def fast(dev, plans, reps, min_s):
+    def fast(dev, plans, reps, min_s, reset, max_repeat):
         calls.append(len(plans))
-        return timer(dev, plans, 1, 0.0)
+        return timer(dev, plans, 1, 0.0, reset, max_repeat)
     fast.calls = calls
     return fast
 
@@ -54,6 +55,9 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
     cache = autotune.cache_path(dev)
     shapes = json.loads(cache.read_text())["shapes"]
     assert set(shapes) == keys
+    # timing ran decode steps (each advances the position) from a reset start, never past the context
+    pos = int(m.device.read(m.net.state, np.uint32, 0, 16)[0])
+    assert 32 < pos < 64, pos
     # every dispatch of the plan now has its key's tuned shape, and the model is still right
     check_logits(path, m, "tuned")
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from .plan import Plan
 
-VERSION = 1
+VERSION = 2          # 2: timed from a reset position (version 1 let the position run past the context)
 # kernels whose source decides the tuned shapes: editing them invalidates the cache
 KERNELS = ("gemv", "gemv_rows", "quant_common", "reduce")
 NOISE = 0.01          # a candidate must beat the default shape by this fraction of a step to replace it
@@ -112,24 +112,29 @@ def _groups(plan) -> dict:
     return groups
 
 
-def _timer(dev, plans: dict, reps: int, min_s: float, warm_s: float = 0.2) -> dict:
+def _timer(dev, plans: dict, reps: int, min_s: float, reset, max_repeat: int, warm_s: float = 0.2) -> dict:
     """Median GPU seconds per run of each plan: CPU-timed from the submit of an already recorded
     command buffer to a readback, candidates interleaved so clock changes hit all alike. The first
-    plan runs for warm_s before: compiling the candidates idled the GPU, and its clocks dropped."""
+    plan runs for warm_s before: compiling the candidates idled the GPU, and its clocks dropped.
+    `reset()` puts the step back at its start position before every timed run: each decode step
+    advances the position, and attention's cost with it (unreset, the position ran past the
+    context and attention's growing loop swamped the shapes being compared)."""
     sync = dev.buffer(16)
     first, t_end = next(iter(plans.values())), time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
+        reset()
         first.run(1)
         dev.read(sync, np.uint32, 0, 16)
 
     def once(plan, repeat):
         cb = plan.record(1, repeat)
+        reset()
         t0 = time.perf_counter()
         dev.submit([cb])
         dev.read(sync, np.uint32, 0, 16)
         return (time.perf_counter() - t0) / repeat
 
-    repeat = {c: max(1, min(64, math.ceil(min_s / max(once(p, 1), 1e-6)))) for c, p in plans.items()}
+    repeat = {c: max(1, min(max_repeat, math.ceil(min_s / max(once(p, 1), 1e-6)))) for c, p in plans.items()}
     samples = {c: [] for c in plans}
     for _ in range(reps):
         for c, p in plans.items():
@@ -137,9 +142,11 @@ def _timer(dev, plans: dict, reps: int, min_s: float, warm_s: float = 0.2) -> di
     return {c: statistics.median(v) for c, v in samples.items()}
 
 
-def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0.02, log=None) -> list:
+def tune_plan(dev, plan, *, reset, max_repeat: int = 64, force: bool = False, reps: int = 5,
+              min_s: float = 0.02, log=None) -> list:
     """Tune the shapes of `plan`'s tunable dispatches not yet in dev.tuned (all with `force`), save
-    the cache and rebuild those dispatches in the plan.
+    the cache and rebuild those dispatches in the plan. `reset()` sets the step's start position
+    (written before each timed run of up to max_repeat steps).
 
     Each candidate is timed in place: the whole plan runs with that key's dispatches (every layer's)
     rebuilt in the candidate shape and the others as they are. Timing the key's dispatches alone,
@@ -163,7 +170,7 @@ def tune_plan(dev, plan, *, force: bool = False, reps: int = 5, min_s: float = 0
                     log(f"  {key}: shape {c} skipped: {e}")
         if cands[0] not in plans:
             continue
-        times = _timer(dev, plans, reps, min_s)
+        times = _timer(dev, plans, reps, min_s, reset, max_repeat)
         best = min(times, key=times.get)
         if times[best] > times[cands[0]] * (1 - NOISE):
             best = cands[0]
