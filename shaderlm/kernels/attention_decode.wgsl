@@ -147,13 +147,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (j$c < half_hd) { sg_acc[sg * (HD / 2u) + j$c] = acc$c; }
 #end
     workgroupBarrier();
+    // only the subgroups that had keys (early in a sequence most have none; theirs would add zeros)
+    let busy = min(nsg, (qpos + UNROLL - k_lo) / UNROLL);
     var mg = -3.0e38;
-    for (var g = 0u; g < nsg; g++) { mg = max(mg, sg_m[g]); }
+    for (var g = 0u; g < busy; g++) { mg = max(mg, sg_m[g]); }
     var lg = 0.0;
-    for (var g = 0u; g < nsg; g++) { lg += sg_l[g] * exp(sg_m[g] - mg); }
+    for (var g = 0u; g < busy; g++) { lg += sg_l[g] * exp(sg_m[g] - mg); }
     for (var j = li; j < half_hd; j += {{WG}}u) {
         var o = vec2<f32>(0.0);
-        for (var g = 0u; g < nsg; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
+        for (var g = 0u; g < busy; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
         out[h * hd + 2u * j] = o.x / lg;
         out[h * hd + 2u * j + 1u] = o.y / lg;
     }
