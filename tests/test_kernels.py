@@ -26,6 +26,7 @@ Tolerances (worst measured error / tolerance on lavapipe in brackets; failures p
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -684,28 +685,38 @@ def test_gemv_pair(dev, qa, qb, K, norm_):
     assert is_poison(got[1]).all() and is_poison(got[0, ra + rb:]).all()
 
 
-@pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
-def test_gemv_every_tuned_shape(dev, case):
-    """Every (workgroup size, rows per workgroup) the autotuner may pick for a decode GEMV computes it
-    (ops.gemv_candidates; the Tunable's rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
-    rng = np.random.default_rng(len(case))
+def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None):
+    """A decode GEMV from "TYPE[+TYPE] K [glu] [norm]": random weights (a pair: ops.gemv_pair), x and a
+    norm weight, its dispatches into a poisoned y (not run), and W, the dequantized rows stacked."""
+    rng = np.random.default_rng(seed)
     types, K = case.split()[0].split("+"), int(case.split()[1])
     glu_, norm_, rows, eps = "glu" in case, "norm" in case, 37, 1e-5
     mats = [make_weight(q, 2 * rows if glu_ else rows, K, rng) for q in types]
     ws = [upload(dev, q, raw, W.shape[0], K) for q, (raw, W) in zip(types, mats)]
+    for w in ws:
+        assert w.qtype.int8_dot or not int8_x
+        w.int8_x = int8_x
     x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
     nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
-    xb, nb = dev.upload(x), dev.upload(nw)
     out_rows = rows * len(ws)
     yb = dev.upload(poisoned((1, out_rows)))
-    kw = dict(norm=nb, eps=eps) if norm_ else {}
+    kw = dict(norm=dev.upload(nw), eps=eps) if norm_ else {}
     if len(ws) == 2:
-        tune = ops.gemv_pair(dev, ws[0], ws[1], xb, yb, y_stride=out_rows, **kw)[0].tune
+        ds = ops.gemv_pair(dev, ws[0], ws[1], dev.upload(x), yb, y_stride=out_rows, shape=shape, **kw)
     else:
-        tune = ops.gemv(dev, ws[0], xb, yb, y_stride=out_rows, glu=glu_, **kw)[0].tune
-    xin = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
-    W = np.concatenate([W for _, W in mats])
-    if glu_:
+        ds = ops.gemv(dev, ws[0], dev.upload(x), yb, y_stride=out_rows, glu=glu_, shape=shape, **kw)
+    return SimpleNamespace(ds=ds, yb=yb, x=x, nw=nw, eps=eps, K=K, rows=rows, glu=glu_, norm=norm_,
+                           out_rows=out_rows, W=np.concatenate([W for _, W in mats]))
+
+
+@pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
+def test_gemv_every_tuned_shape(dev, case):
+    """Every (workgroup size, rows per workgroup) the autotuner may pick for a decode GEMV computes it
+    (ops.gemv_candidates; the Tunable's rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
+    c = gemv_case(dev, case, len(case))
+    tune, W, rows = c.ds[0].tune, c.W, c.rows
+    xin = rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
+    if c.glu:
         g, u = xin @ W[:rows].T, xin @ W[rows:].T
         ref = silu(g) * u
         tol = 2 * MM_RTOL * (1.2 * (np.abs(xin) @ np.abs(W[:rows]).T) * np.abs(u)
@@ -716,9 +727,9 @@ def test_gemv_every_tuned_shape(dev, case):
     shapes = tune.candidates()
     assert len(shapes) >= 4 and len(set(shapes)) == len(shapes)
     for shape in shapes:
-        dev.write(yb, poisoned((1, out_rows)))
+        dev.write(c.yb, poisoned((1, c.out_rows)))
         run(dev, tune.rebuild(shape), 1)
-        assert_close(read_f32(dev, yb, (1, out_rows)), ref, tol, f"{case} shape {shape}")
+        assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
 
 
 def int8_rounded(x):
@@ -739,34 +750,17 @@ def test_gemv_int8_x(dev, case):
     """The opt-in int8-activation GEMV (weights flagged int8_x) computes the dot of the dequantized
     weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
     with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
-    rng = np.random.default_rng(len(case) * 7)
-    types, K = case.split()[0].split("+"), int(case.split()[1])
-    glu_, norm_, rows, eps = "glu" in case, "norm" in case, 37, 1e-5
-    mats = [make_weight(q, 2 * rows if glu_ else rows, K, rng) for q in types]
-    ws = [upload(dev, q, raw, W.shape[0], K) for q, (raw, W) in zip(types, mats)]
-    for w in ws:
-        assert w.qtype.int8_dot
-        w.int8_x = True
-    x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
-    nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
-    out_rows = rows * len(ws)
-    yb = dev.upload(poisoned((1, out_rows)))
-    kw = dict(norm=dev.upload(nw), eps=eps) if norm_ else {}
-    shape = (32, 3, 2) if "steps" in case else None
-    if len(ws) == 2:
-        ds = ops.gemv_pair(dev, ws[0], ws[1], dev.upload(x), yb, y_stride=out_rows, shape=shape, **kw)
-    else:
-        ds = ops.gemv(dev, ws[0], dev.upload(x), yb, y_stride=out_rows, glu=glu_, shape=shape, **kw)
+    c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2) if "steps" in case else None)
+    ds, x, nw, eps, K, rows, glu_, norm_, W = c.ds, c.x, c.nw, c.eps, c.K, c.rows, c.glu, c.norm, c.W
     assert all("int8x" in d.tune.key for d in ds)
     run(dev, ds, 1)
-    got = read_f32(dev, yb, (1, out_rows))
+    got = read_f32(dev, c.yb, (1, c.out_rows))
     if norm_:         # the kernel rounds x * norm weight and applies 1/rms after the dot
         scale = 1 / np.sqrt(np.mean(x.astype(np.float64) ** 2) + eps)
         xq, d = int8_rounded(x * nw)
         xq, d = xq * scale, d * scale
     else:
         xq, d = int8_rounded(x)
-    W = np.concatenate([W for _, W in mats])
     # f32 sums in another order, plus one rounding step (d) where float ties round differently
     slack = lambda Wp: 2 * MM_RTOL * (np.abs(xq) @ np.abs(Wp).T) + 1.01 * (d @ np.abs(Wp).T) / K * 2
     if glu_:

@@ -36,11 +36,6 @@ fn rotated(d: u32, v: f32, other: f32, f: f32, first: bool, pos: u32) -> f32 {
     return select(select(other * cs.y + v * cs.x, v * cs.x - other * cs.y, first), v, d >= p.rope_dim);
 }
 
-// (pair index, partner dimension, 1 if first) of dimension d; past rope_dim, d is its own partner.
-fn partner(d: u32) -> vec3<u32> {
-    return select(dim_pair(min(d, p.rope_dim - 1u)), vec3<u32>(0u, d, 1u), d >= p.rope_dim);
-}
-
 // First word of key `key`'s row for KV head kvh; keys past qpos read qpos's row (loaded, unused).
 fn slot(key: u32, qpos: u32, kvh: u32, half_hd: u32) -> u32 {
     return (min(key, qpos) * p.n_kv + kvh) * half_hd;
@@ -66,8 +61,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let j$c = lane + $cu * lanes;
     let jj$c = min(j$c, half_hd - 1u);           // lanes past the head load a valid pair, unused
     let d$c = 2u * jj$c;
-    let pa$c = partner(d$c);
-    let pb$c = partner(d$c + 1u);
+    let pa$c = dim_pair(d$c);
+    let pb$c = dim_pair(d$c + 1u);
     // all loads first (see the top)
     let fa$c = inv_freq[pa$c.x];
     let fb$c = inv_freq[pb$c.x];

@@ -20,6 +20,7 @@
 #endif
 #include reduce
 #include activation
+#include epilogue
 
 // The shape is compiled in: no parameter load stands between launch and the weight loads, and the
 // compiler knows the loop's trip count. (A model has a handful of distinct shapes.)

@@ -108,13 +108,5 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     s = act(s) * su_n;
 #endif
     let row = p.row0 + rbase + li;
-    let o = t * p.y_stride + row;
-#if BIAS
-    s += bias[row];
-#endif
-#if ACCUMULATE
-    y[o] += s;
-#else
-    y[o] = s;
-#endif
+    write_y(t * p.y_stride + row, row, s);
 }

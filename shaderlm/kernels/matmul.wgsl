@@ -10,6 +10,7 @@
 #include {{QUANT}}
 #include reduce
 #include activation
+#include epilogue
 #include state
 
 // first_from_state: the batch is rows [st.out_row0, st.n) (the LM head computing only the last
@@ -95,15 +96,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
             s = act(s) * lane_sum(acc2[t]);
 #endif
             if (lane == 0u && t0 + t < n) {
-                let o = (t0 + t) * p.y_stride + p.row0 + row;
-#if BIAS
-                s += bias[p.row0 + row];
-#endif
-#if ACCUMULATE
-                y[o] += s;
-#else
-                y[o] = s;
-#endif
+                write_y((t0 + t) * p.y_stride + p.row0 + row, p.row0 + row, s);
             }
         }
     }

@@ -5,6 +5,7 @@
 #include quant_common
 #include {{QUANT}}
 #include state
+#include epilogue
 
 struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, x_stride: u32, first_from_state: u32, _b: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -68,20 +69,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     for (var i = 0u; i < 4u; i++) {
         let row = r_base + cr + i;
         if (row >= p.rows) { continue; }
-#if BIAS
-        let bb = bias[p.row0 + row];
-#else
-        let bb = 0.0;
-#endif
         for (var j = 0u; j < 4u; j++) {
             let t = t_base + ct + j;
             if (t < n) {
-                let o = t * p.y_stride + p.row0 + row;
-#if ACCUMULATE
-                y[o] += acc[i][j] + bb;
-#else
-                y[o] = acc[i][j] + bb;
-#endif
+                write_y(t * p.y_stride + p.row0 + row, p.row0 + row, acc[i][j]);
             }
         }
     }

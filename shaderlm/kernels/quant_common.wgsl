@@ -110,6 +110,15 @@ fn k4_scale_min(a: u32, b: u32, c: u32, s: u32) -> vec2<u32> {
     return select(hi, lo, s < 4u);
 }
 
+#if WIDE
+// Q4_K / Q5_K chunk c (0..7) of wide block b: x elements 16 (c & 1) .. +16 of sub-blocks 2 (c >> 1)
+// (the qs low nibbles) and the next one (the high nibbles).
+fn k4_x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
+    let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;
+    return x_runs2(r, o, o + 8u);
+}
+#endif
+
 // Q4_K / Q5_K chunk c's two sub-blocks (2 (c >> 1) in the low nibbles, the next in the high ones) from
 // the block's first vec4 h: (d * sc_lo, d * sc_hi, dmin * mn_lo, dmin * mn_hi).
 fn k4_chunk_scales(h: vec4<u32>, c: u32) -> vec4<f32> {

@@ -10,17 +10,19 @@ fn pair_index(i: u32) -> vec2<u32> {
 #endif
 }
 
-// Dimension d (< rope_dim) in its pair: (pair index, the other dimension of the pair, 1 if d is the
-// pair's first dimension). Derived from pair_index, so both layouts come from one place.
+// Dimension d in its pair: (pair index, the other dimension of the pair, 1 if d is the pair's first
+// dimension); a dimension past rope_dim is not rotated and is its own partner (pair 0, first).
+// Derived from pair_index, so both layouts come from one place.
 fn dim_pair(d: u32) -> vec3<u32> {
+    let dr = min(d, p.rope_dim - 1u);
 #if NEOX
-    let i = d % (p.rope_dim / 2u);
+    let i = dr % (p.rope_dim / 2u);
 #else
-    let i = d / 2u;
+    let i = dr / 2u;
 #endif
     let ix = pair_index(i);
-    let first = d == ix.x;
-    return vec3<u32>(i, select(ix.x, ix.y, first), u32(first));
+    let first = dr == ix.x;
+    return select(vec3<u32>(i, select(ix.x, ix.y, first), u32(first)), vec3<u32>(0u, d, 1u), d >= p.rope_dim);
 }
 
 // (cos, sin) of pair i at position pos; reduced in turns first so sin/cos see a small argument

@@ -24,10 +24,7 @@ fn dq8(blk: u32, j: u32) -> V8 {
 // (low nibbles) and s0 + 1 (high nibbles); both sub-blocks' scales from the block's first vec4.
 const WQK: u32 = QK;          // elements per wide block
 const CPB: u32 = 8u;
-fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
-    let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;
-    return x_runs2(r, o, o + 8u);
-}
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return k4_x_chunk(r, b, c); }
 struct CW { h: vec4<u32>, q: vec4<u32> }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 9u], w[blk * 9u + 1u + c]); }
 #if !INT8_X

@@ -26,10 +26,7 @@ fn dq8(blk: u32, j: u32) -> V8 {
 // bit s of each byte for sub-block s.
 const WQK: u32 = QK;          // elements per wide block
 const CPB: u32 = 8u;
-fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
-    let o = b * 64u + (c >> 1u) * 16u + (c & 1u) * 4u;
-    return x_runs2(r, o, o + 8u);
-}
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return k4_x_chunk(r, b, c); }
 struct CW { h: vec4<u32>, qh: vec4<u32>, q: vec4<u32> }
 fn chunk_load(blk: u32, c: u32) -> CW {
     return CW(w[blk * 11u], w[blk * 11u + 1u + (c & 1u)], w[blk * 11u + 3u + c]);
