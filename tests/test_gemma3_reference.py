@@ -139,6 +139,17 @@ def check_row(model, label: str, got: np.ndarray, want: np.ndarray, tol: float) 
     return float(diff.max())
 
 
+def check_top8(model, what: str, got: np.ndarray, ids: np.ndarray, vals: np.ndarray) -> None:
+    """Rows of shaderlm logits at the reference's top-8 ids within TOL of its values (`what` names a row
+    in the message: "<prompt>: position", "<prompt>: generated step")."""
+    mine = np.take_along_axis(got, ids.astype(np.int64), axis=-1).astype(np.float64)
+    diff = np.abs(mine - vals)
+    t, k = np.unravel_index(int(diff.argmax()), diff.shape)
+    assert diff.max() <= TOL, (
+        f"{what} {t}, reference rank {k} ({describe(model, ids[t, k])}): shaderlm {mine[t, k]:.4f}, "
+        f"reference {vals[t, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
+
+
 # ---------------------------------------------------------------------------------------- the fixture
 
 
@@ -213,12 +224,7 @@ def test_top8_every_position(model, teacher_forced, name):
     T = len(prompt_ids(name))
     got = teacher_forced(name)[:T]
     ids, vals, nxt = ref(name, "top8_ids"), ref(name, "top8_logits"), ref(name, "next_logit")
-    mine = np.take_along_axis(got, ids.astype(np.int64), axis=-1).astype(np.float64)
-    diff = np.abs(mine - vals)
-    t, k = np.unravel_index(int(diff.argmax()), diff.shape)
-    assert diff.max() <= TOL, (
-        f"{name}: position {t}, reference rank {k} ({describe(model, ids[t, k])}): shaderlm "
-        f"{mine[t, k]:.4f}, reference {vals[t, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
+    check_top8(model, f"{name}: position", got, ids, vals)
     order = np.argsort(-got, axis=-1, kind="stable")[:, :ids.shape[1]]
     bad = [f"position {t} rank {k}: shaderlm {describe(model, order[t, k])}, reference {describe(model, ids[t, k])}"
            for t in range(T) for k in np.flatnonzero(determined_ranks(vals[t], nxt[t], TOL) & (order[t] != ids[t]))]
@@ -231,13 +237,7 @@ def test_continuation_teacher_forced(model, teacher_forced, name):
     reference's token at every step up to the first near-tie."""
     T = len(prompt_ids(name))
     got = teacher_forced(name)[T - 1:]
-    top_ids, top_vals = ref(name, "greedy_top8_ids"), ref(name, "greedy_top8_logits")
-    mine = np.take_along_axis(got, top_ids.astype(np.int64), axis=-1).astype(np.float64)
-    diff = np.abs(mine - top_vals)
-    s, k = np.unravel_index(int(diff.argmax()), diff.shape)
-    assert diff.max() <= TOL, (
-        f"{name}: generated step {s}, reference rank {k} ({describe(model, top_ids[s, k])}): shaderlm "
-        f"{mine[s, k]:.4f}, reference {top_vals[s, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
+    check_top8(model, f"{name}: generated step", got, ref(name, "greedy_top8_ids"), ref(name, "greedy_top8_logits"))
     want = [int(i) for i in ref(name, "greedy_ids")]
     div = first_divergence(want, ref(name, "greedy_margin"), got.argmax(-1).tolist(), TOL)
     assert div is None, f"{name}: teacher-forced argmax differs: {div}"
