@@ -60,7 +60,7 @@ def run(args):
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
                               tokens_per_submit=args.tokens_per_submit, progress=False,
-                              int8_act=args.int8_act or None)
+                              int8_act=args.int8_act)
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
         quant = model.gguf.metadata.get("general.file_type", "")
@@ -147,7 +147,7 @@ def profile(args):
     from .gpu.profiler import summarize, time_dispatches
     ctx = max(args.context + args.prefill + 8, 64)
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
-                          int8_act=args.int8_act or None)
+                          int8_act=args.int8_act)
     net, gen = model.net, model.generator
     ids = np.random.default_rng(0).integers(0, net.cfg.vocab_size, max(args.context, 1)).tolist()
     gen._prefill(ids, 0, sample=True)

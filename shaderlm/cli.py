@@ -28,7 +28,8 @@ def _model_args(p, gen=True):
 
 
 def add_int8_act(p):
-    p.add_argument("--int8-act", action="store_true",
+    # default None, not False: without the flag, shaderlm.load falls back to SHADERLM_INT8_ACT
+    p.add_argument("--int8-act", action="store_true", default=None,
                    help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
                         "faster, not bit-exact: see README)")
 
@@ -40,7 +41,7 @@ def _load(args, **kw):
         ctx = 4096
     if getattr(args, "quantize", None):
         kw["quantize"] = args.quantize
-    return shaderlm.load(args.model, device=args.device, ctx=ctx, int8_act=args.int8_act or None, **kw)
+    return shaderlm.load(args.model, device=args.device, ctx=ctx, int8_act=args.int8_act, **kw)
 
 
 def _sampling(args):
