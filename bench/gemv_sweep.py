@@ -8,7 +8,8 @@ over them is several times the GPU's L2, runs them as a chain of dispatches in o
 (each writes the same output buffer, so each waits for the last, as in a decode step), and times
 the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves). Variants: `old` (matmul.wgsl), `auto` (gemv.wgsl with ops.gemv_shape),
 `WGxROWS[xSTEPS]` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
-experiment behind an #if). Output: a table, and the max relative difference from `old`.
+experiment behind an #if; `+INT8_X` flags the weights for int8 x, as --int8-act does; `+X24` takes x
+as 24-bit fixed point, the default in models; without it the variant has f32 x). Output: a table, and the max relative difference from `old`.
 """
 from __future__ import annotations
 
@@ -60,6 +61,9 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
         shape_v, *defs = v.split("+")           # "auto+EXP" also sets the kernel define EXP
         os.environ["SHADERLM_GEMV"] = shape_v.replace("x", ",")
         os.environ["SHADERLM_DEFINES"] = ",".join(defs)
+        for w in ws:                            # "+INT8_X": the weights' int8-activation flag
+            w.int8_x = "INT8_X" in defs and w.qtype.int8_dot
+        os.environ["SHADERLM_NO_X24"] = "" if "X24" in defs else "1"      # "+X24": x24 x (else f32)
         old = shape_v == "old"
         try:
             # `old` via from_state_row (out_row0 = 0 here), which the wide GEMV does not take
@@ -92,8 +96,8 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
     for v, (plan, note) in plans.items():
         us = statistics.median(times[v]) * 1e6
         out[v] = (us, w0.nbytes / (us * 1e-6) / 1e9, note)
-    os.environ.pop("SHADERLM_GEMV", None)
-    os.environ.pop("SHADERLM_DEFINES", None)
+    for k in ("SHADERLM_GEMV", "SHADERLM_DEFINES", "SHADERLM_NO_X24"):
+        os.environ.pop(k, None)
     return w0.nbytes, out
 
 

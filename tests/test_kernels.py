@@ -685,9 +685,10 @@ def test_gemv_pair(dev, qa, qb, K, norm_):
     assert is_poison(got[1]).all() and is_poison(got[0, ra + rb:]).all()
 
 
-def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None):
+def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None, x_edit=None):
     """A decode GEMV from "TYPE[+TYPE] K [glu] [norm]": random weights (a pair: ops.gemv_pair), x and a
-    norm weight, its dispatches into a poisoned y (not run), and W, the dequantized rows stacked."""
+    norm weight, its dispatches into a poisoned y (not run), and W, the dequantized rows stacked.
+    x_edit(x) may change x in place before it is uploaded."""
     rng = np.random.default_rng(seed)
     types, K = case.split()[0].split("+"), int(case.split()[1])
     glu_, norm_, rows, eps = "glu" in case, "norm" in case, 37, 1e-5
@@ -697,6 +698,8 @@ def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None):
         assert w.qtype.int8_dot or not int8_x
         w.int8_x = int8_x
     x = (rng.standard_normal((1, K)) * 2 + 0.3).astype(np.float32)
+    if x_edit is not None:
+        x_edit(x)
     nw = rng.uniform(0.5, 1.5, K).astype(np.float32)
     out_rows = rows * len(ws)
     yb = dev.upload(poisoned((1, out_rows)))
@@ -711,8 +714,9 @@ def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None):
 
 @pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
 def test_gemv_every_tuned_shape(dev, case):
-    """Every (workgroup size, rows per workgroup) the autotuner may pick for a decode GEMV computes it
-    (ops.gemv_candidates; the Tunable's rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
+    """Every shape the autotuner may pick for a decode GEMV (ops.gemv_candidates and their refinements:
+    workgroup size, rows per workgroup, chunk steps, x24 or f32 x) computes it (the Tunable's
+    rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
     c = gemv_case(dev, case, len(case))
     tune, W, rows = c.ds[0].tune, c.W, c.rows
     xin = rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
@@ -726,14 +730,54 @@ def test_gemv_every_tuned_shape(dev, case):
         tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
     shapes = tune.candidates()
     assert len(shapes) >= 4 and len(set(shapes)) == len(shapes)
+    shapes += [r for s in shapes for r in tune.refine(s)]      # and what the tuner tries after
     for shape in shapes:
         dev.write(c.yb, poisoned((1, c.out_rows)))
         run(dev, tune.rebuild(shape), 1)
         assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
 
 
+def x24_edit(x):
+    """Runs of 16 that a fixed-point x must handle: zeros, near the f32 normal floor, and one whose
+    largest element is 2^15 times the rest (a 16-bit fixed point would lose those)."""
+    x[0, :16] = 0
+    x[0, 16:32] *= 1e-30
+    x[0, 32] = 64
+    x[0, 33:48] *= 1e-3
+
+
+@pytest.mark.parametrize("case", ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512",
+                                  "Q4_K 512 glu norm", "Q8_0 256 glu", "Q4_K+Q6_K 512 norm",
+                                  "Q4_0 1056 steps"])
+def test_gemv_x24(dev, case):
+    """A tuned shape's x24 (gemv.wgsl X24: x as 24-bit fixed point per 16-element run, integer dots) is
+    as accurate as f32 x: both within 2^-21 of sum_i max|x over i's run| * |w_i| of the float64
+    result (on lavapipe x24 reached 1.2 / 4 of that, f32 x 0.3 / 4; a 16-bit x would be 64x over),
+    for every type with an integer-dot decoder, fused GLU + norm, the Q4_K + Q6_K pair and 2 chunk
+    steps per trip. And x24 is a different computation from f32 x, not the same kernel."""
+    got = {}
+    for x24 in (0, 1):
+        c = gemv_case(dev, case, len(case) * 7, x_edit=x24_edit)
+        tune = c.ds[0].tune
+        shape = (32, 3, 2) if "steps" in case else tune.candidates()[0][:3]
+        assert any(s[3] for s in tune.candidates())          # the tuner tries x24 for these types
+        run(dev, tune.rebuild(shape + (x24,)), 1)
+        got[x24] = read_f32(dev, c.yb, (1, c.out_rows))
+        xe = rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
+        run_max = np.repeat(np.abs(xe).reshape(-1, 16).max(axis=1), 16)[None]
+        W, rows, bound = c.W, c.rows, lambda Wp: 2.0 ** -21 * (run_max @ np.abs(Wp).T)
+        if c.glu:
+            g, u = xe @ W[:rows].T, xe @ W[rows:].T
+            ref = silu(g) * u
+            tol = 1.2 * bound(W[:rows]) * np.abs(u) + np.abs(silu(g)) * bound(W[rows:]) + 1e-30
+        else:
+            ref, tol = xe @ W.T, bound(W) + 1e-30
+        assert_close(got[x24], ref, tol, f"{case} x24={x24}")
+    assert (got[0] != got[1]).any(), case
+
+
 def int8_rounded(x):
-    """x as the int8-activation GEMV sees it (gemv.wgsl INT8_X): each aligned run of 16 elements rounded
+    """x as the int8-activation GEMV sees it (gemv.wgsl INT_DOT without X24): each aligned run of 16 elements rounded
     to int8 with one scale, d = max|x| / 127 (float64 result)."""
     g = x.astype(np.float32).reshape(-1, 16)
     amax = np.abs(g).max(axis=1, keepdims=True)

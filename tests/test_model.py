@@ -167,3 +167,24 @@ def test_int8_act_decode(models, name):
     bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), got,
                            0.05 * float(np.abs(logits_all).max()))
     assert bad is None, bad
+
+
+@pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-Q4_1"])
+def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
+    """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default
+    (ops.x24_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
+    builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
+    f32 x; here 24 steps with no near-tie allowance)."""
+    path, m = models(name, fuse=True)
+    defines = {id(p): dict(k[1]) for k, p in m.device._pipelines.items() if k[0] == "gemv"}
+
+    def x24_flags(model):
+        return [defines.get(id(d.pipeline), {}).get("X24") for d in model.net.plan_decode.dispatches
+                if d.label.startswith("gemv.")]
+    assert x24_flags(m) and all(x24_flags(m))
+    monkeypatch.setenv("SHADERLM_NO_X24", "1")
+    f32 = shaderlm.load(path, progress=False, fuse=True)
+    defines.update({id(p): dict(k[1]) for k, p in f32.device._pipelines.items() if k[0] == "gemv"})
+    assert x24_flags(f32) and not any(x24_flags(f32))
+    prompt = _ids(m.config.vocab_size, 7, 2)
+    assert m.generate_tokens(prompt, 24, stop_at_eos=False) == f32.generate_tokens(prompt, 24, stop_at_eos=False)

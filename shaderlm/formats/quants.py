@@ -27,7 +27,7 @@ class QuantType:
     # The decode GEMV's chunking (the WIDE part of the type's decoder, which tests check against this):
     # (elements per wide block, chunks per wide block, bytes one lane's chunk_load reads), or None
     wide: tuple | None = None
-    int8_dot: bool = False    # the decoder also has the int8-activation dot (kernels' INT8_X; opt-in)
+    int8_dot: bool = False    # the decoder has integer dots over x as digits: x24 (default) or int8 (opt-in)
 
     @property
     def kernel(self) -> str:

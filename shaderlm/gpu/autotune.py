@@ -30,7 +30,7 @@ import numpy as np
 
 from .plan import Plan
 
-VERSION = 2          # 2: timed from a reset position (version 1 let the position run past the context)
+VERSION = 3          # 2: timed from a reset position (version 1 let the position run past the context); 3: x24
 # kernels whose source decides the tuned shapes: editing them invalidates the cache
 KERNELS = ("gemv", "gemv_rows", "quant_common", "reduce")
 NOISE = 0.01          # a candidate must beat the default shape by this fraction of a step to replace it
@@ -41,6 +41,7 @@ class Tunable:
     key: str
     candidates: Callable[[], list]          # shapes to try, the default one first
     rebuild: Callable[[tuple], list]        # the dispatch(es) again with another shape
+    refine: Callable[[tuple], list] | None = None   # shapes to try against the best candidate after
 
 
 def mode() -> str:
@@ -80,10 +81,10 @@ def load(dev) -> dict:
         data = json.loads(path.read_text())
         shapes = data["shapes"]
         ok = {k: tuple(v) for k, v in shapes.items()
-              if isinstance(k, str) and isinstance(v, list) and len(v) == 3
-              and all(isinstance(i, int) and 0 < i <= 4096 for i in v)}
+              if isinstance(k, str) and isinstance(v, list) and len(v) == 4
+              and all(isinstance(i, int) and 0 < i <= 4096 for i in v[:3]) and v[3] in (0, 1)}
         if len(ok) != len(shapes):
-            raise ValueError("entries that are not a [workgroup size, rows, steps] list")
+            raise ValueError("entries that are not a [workgroup size, rows, steps, x24] list")
         return ok
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"shaderlm: ignoring the kernel tuning cache {path}: {e}", file=sys.stderr)
@@ -174,6 +175,15 @@ def tune_plan(dev, plan, *, reset, max_repeat: int = 64, force: bool = False, re
         best = min(times, key=times.get)
         if times[best] > times[cands[0]] * (1 - NOISE):
             best = cands[0]
+        refine = groups[key][0].refine
+        extra = {c: Plan(dev, _substituted(plan, key, c)) for c in (refine(best) if refine else [])
+                 if c not in plans}
+        if extra:          # a second round: best against its variants (kept unless one clearly wins)
+            more = _timer(dev, {best: plans[best], **extra}, reps, min_s, reset, max_repeat)
+            plans.update(extra)
+            alt = min(more, key=more.get)
+            if more[alt] < more[best] * (1 - NOISE):
+                times[alt], best = more[alt] * times[best] / more[best], alt
         dev.tuned[key] = best
         plan.replace(plans[best].dispatches)
         report.append((key, cands[0], times[cands[0]] * 1e6, best, times[best] * 1e6, len(groups[key])))

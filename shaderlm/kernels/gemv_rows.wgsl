@@ -35,8 +35,8 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
 #unroll STEPS u
         if (c0 + $uu * {{WG}}u < chunks) {
             let xr = x_chunk(xrow, b$u, cc$u);
-#if INT8_X
-            let xs = x_quant(xr);        // int8 x (opt-in); the decoders' chunk_dot then takes that
+#if INT_DOT
+            let xs = x_quant(xr);        // x as integer digits (x24, or int8); chunk_dot takes those
 #else
             let xs = xr;
 #endif

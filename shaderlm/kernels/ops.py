@@ -93,8 +93,8 @@ def wide_ok(w) -> bool:
     return q.wide is not None and w.cols % q.wide[0] == 0 and os.environ.get("SHADERLM_GEMV") != "old"
 
 
-def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
-    """(workgroup size, rows per workgroup, chunk steps per trip) for the decode GEMV of `w`.
+def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
+    """(workgroup size, rows per workgroup, chunk steps per trip, x24) for the decode GEMV of `w`.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
@@ -102,11 +102,12 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
     than keeps about 768 workgroups (small matrices need the parallelism more). Measured on the H200
     in whole decode steps, where fewer rows won over the isolated-GEMV sweeps' choice (8): Llama 8B
     Q4_K_M 166 -> 192 tok/s with 2-3 rows, while Q4_0 and Q8_0 wanted 4 or more.
-    Steps per trip: 1 (the tuner tries 2).
-    SHADERLM_GEMV="WG,ROWS[,STEPS]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
+    Steps per trip: 1 (the tuner tries 2). x24: 1 where x24_ok, else 0 (f32 x).
+    SHADERLM_GEMV="WG,ROWS[,STEPS[,X24]]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
-        return full_shape(tuple(int(v) for v in env.split(",")))
+        s = tuple(int(v) for v in env.split(","))
+        return full_shape(s[:3])[:3] + (s[3] if len(s) > 3 else int(x24_ok([w])),)
     block, per_block, load = w.qtype.wide
     chunks = w.cols // block * per_block
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
@@ -117,12 +118,24 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
     load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
     rows = max(1, min(8, round(128 / load), out_rows // 768))
-    return wg, rows, 1
+    return wg, rows, 1, int(x24_ok([w]))
 
 
-def full_shape(shape) -> tuple[int, int, int]:
-    """A GEMV shape (workgroup size, rows, chunk steps per trip), steps 1 where left out."""
-    return tuple(shape) + (1,) * (3 - len(shape))
+def full_shape(shape) -> tuple[int, int, int, int]:
+    """A GEMV shape (workgroup size, rows, chunk steps per trip, x24): steps 1 and x24 0 where left out."""
+    return (tuple(shape) + (1, 0)[len(shape) - 2:])[:4]
+
+
+def x24_ok(ws) -> bool:
+    """The weights' GEMV can take x as 24-bit fixed point (their decoders have the integer dot, and
+    they are not flagged for the int8 x that --int8-act asks for). SHADERLM_NO_X24=1: never (A/B).
+
+    x24 is the default there. It rounds x to 22 bits below each 16-element run's largest exponent
+    (error under 4 f32 ulps of the run's largest element, the order of an f32 dot's own rounding; see
+    test_gemv_x24), so results stay those of f32 arithmetic. Integer dots then replace the per-weight
+    float conversions that bound the f32 GEMVs (H200, Llama 8B Q4_K_M, tuned: 227 -> 288 tok/s).
+    Where the adapter's integer dots are slow, the tuner's f32 twin wins instead (x24_refine)."""
+    return all(w.qtype.int8_dot and not w.int8_x for w in ws) and not os.environ.get("SHADERLM_NO_X24")
 
 
 def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
@@ -130,7 +143,8 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     gemv_shape's first, then workgroups of 32-256 lanes (at least the subgroup, at most twice the
     chunks of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read
     two weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has
-    chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453)."""
+    chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453).
+    All with the default's x24 (the best one's f32 twin is tried after: x24_refine)."""
     chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     wgs = [g for g in (32, 64, 128, 256)
@@ -138,7 +152,12 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
     out = [default] + [(g, r, 1) for g in wgs for r in rows]
     out += [(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
-    return list(dict.fromkeys(full_shape(s) for s in out))
+    return list(dict.fromkeys(full_shape(s)[:3] + default[3:] for s in out))
+
+
+def x24_refine(shape) -> list:
+    """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)."""
+    return [tuple(shape[:3]) + (0,)] if shape[3] else []
 
 
 def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, steps: int, y_stride: int,
@@ -151,22 +170,24 @@ def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, steps: int
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
-    `shape` (workgroup size, rows per workgroup[, chunk steps per trip]): default the adapter's tuned
-    one, else gemv_shape. With w.int8_x (opt-in) x is rounded to int8 for integer dots (INT8_X)."""
+    `shape` (workgroup size, rows per workgroup[, chunk steps per trip[, x24]]): default the adapter's
+    tuned one, else gemv_shape. x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32).
+    With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     default = gemv_shape(dev, w, glu)
     tune = Tunable(key, lambda: gemv_candidates(dev, [w], glu, default), lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
-        glu=glu, gelu=gelu, shape=s))
-    wg, nrows, steps = full_shape(shape or dev.tuned.get(key) or default)
+        glu=glu, gelu=gelu, shape=s), x24_refine)
+    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
+    x24 = bool(x24) and x24_ok([w])
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
         pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, wg=wg, nrows=nrows,
                                                     steps=steps, y_stride=y_stride, eps=eps),
                             BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
-                            ACT_GELU=gelu, INT8_X=w.int8_x)
+                            ACT_GELU=gelu, INT_DOT=w.int8_x or x24, X24=x24)
         gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
@@ -186,15 +207,16 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     int8_x = wa.int8_x and wb.int8_x
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
            + " norm" * (norm is not None) + " int8x" * int8_x)
-    default = gemv_shape(dev, wa)
+    default = gemv_shape(dev, wa)[:3] + (int(x24_ok([wa, wb])),)
     tune = Tunable(key, lambda: gemv_candidates(dev, [wa, wb], False, default), lambda s: gemv_pair(
-        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
-    wg, nrows, steps = full_shape(shape or dev.tuned.get(key) or default)
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s), x24_refine)
+    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
+    x24 = bool(x24) and x24_ok([wa, wb])
     ca, cb = wa.chunks[0], wb.chunks[0]
     pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, steps=steps,
                                                 y_stride=y_stride, eps=eps),
                         DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
-                        NORM=norm is not None, INT8_X=int8_x)
+                        NORM=norm is not None, INT_DOT=int8_x or x24, X24=x24)
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),

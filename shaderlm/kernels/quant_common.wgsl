@@ -11,7 +11,7 @@
 //                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
 //   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
-// and, where QuantType.int8_dot, under INT8_X: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
+// and, where QuantType.int8_dot, under INT_DOT: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
 //   chunk_dot(cw, c, xq) over those instead.
 
 #if WIDE
@@ -41,24 +41,71 @@ fn dot_u8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
     return dot(u8x4(b.x), x0) + dot(u8x4(b.y), x1) + dot(u8x4(b.z), x2) + dot(u8x4(b.w), x3);
 }
 
-#if INT8_X
-// INT8_X (opt-in, not exact): the decode GEMV rounds each 16-element run of x to int8 with one f32
-// scale (d = max|x| / 127) and dots weight bytes with dot4I8Packed: integer dots replace the per-weight
-// float conversions. QRun: the run's int8 words, d, and d * (sum of its ints) for offset/min terms.
-struct QRun { q: vec4<u32>, d: f32, s: f32 }
+#if INT_DOT
+// INT_DOT: the decode GEMV rounds each 16-element run of x to integers with one f32 scale d and dots
+// weight bytes with dot4I8Packed: integer dots replace the per-weight float conversions.
+// QRun: the run's integer words, d, and s (the run's x sum, for offset/min terms); rdot(w, r) is
+// d * (the weight bytes dotted with the run's integers).
+//   without X24 (--int8-act; not exact): int8, d = max|x| / 127; s = d * (sum of the ints).
+//   X24 (the default where the type has these decoders): 24-bit fixed point, as accurate as f32
+//   arithmetic (below). s = the f32 sum of the run.
 const RND: f32 = 12582912.0;     // 1.5 * 2^23: adding it leaves round(v) in the low mantissa bits
-fn q8_word(v: vec4<f32>, inv: f32) -> u32 {
-    let u = bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)) & vec4<u32>(255u);
-    return u.x | (u.y << 8u) | (u.z << 16u) | (u.w << 24u);
+fn pack_bytes(u: vec4<u32>) -> u32 {
+    let b = u & vec4<u32>(255u);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
+}
+fn abs_max(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> f32 {
+    let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
+    return max(max(m.x, m.y), max(m.z, m.w));
+}
+#if X24
+// X24: x = d * X with d a power of two (so x * (1 / d) is exact) and |X| < 2^22: X rounds x to 22
+// bits below the run's largest exponent, an error under 4 f32 ulps of the run's largest element (the
+// f32 dot's own rounding is of that order). X is kept as three signed byte digits, X = 65536 q2 +
+// 256 q1 + q0 (q0, q1 in [-128, 128), from U = X + 0x8080), so weight bytes of any sign dot each digit
+// with dot4I8Packed, and the three dots combine in f32.
+struct QRun { q: vec4<u32>, q1: vec4<u32>, q2: vec4<u32>, d: f32, s: f32 }
+struct Digits { d0: u32, d1: u32, d2: u32 }
+fn x24_word(v: vec4<f32>, inv: f32) -> Digits {
+    // bits of v * inv + RND are 0x4B400000 + X: one subtraction makes U = X + 0x8080
+    let u = bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)) - vec4<u32>(0x4B400000u - 0x8080u);
+    // bytes transposed in two interleaving rounds (each a shift and a mask-merge)
+    let m = 0x00FF00FFu;
+    let t0 = (u.x & m) | ((u.y << 8u) & ~m);          // x.b0 y.b0 x.b2 y.b2
+    let t1 = ((u.x >> 8u) & m) | (u.y & ~m);          // x.b1 y.b1 x.b3 y.b3
+    let t2 = (u.z & m) | ((u.w << 8u) & ~m);
+    let t3 = ((u.z >> 8u) & m) | (u.w & ~m);
+    return Digits(((t0 & 0xFFFFu) | (t2 << 16u)) ^ 0x80808080u, ((t1 & 0xFFFFu) | (t3 << 16u)) ^ 0x80808080u,
+                  (t0 >> 16u) | (t2 & 0xFFFF0000u));
 }
 fn q8_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
-    let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
-    let amax = max(max(m.x, m.y), max(m.z, m.w));
+    // |x| < 2^(eb - 126): inv = 2^(148 - eb) keeps |X| < 2^22; eb >= 22 keeps inv a normal float
+    let eb = max(bitcast<u32>(abs_max(a, b, c, e)) >> 23u, 22u);
+    let inv = bitcast<f32>((275u - eb) << 23u);
+    let wa = x24_word(a, inv);
+    let wb = x24_word(b, inv);
+    let wc = x24_word(c, inv);
+    let we = x24_word(e, inv);
+    return QRun(vec4<u32>(wa.d0, wb.d0, wc.d0, we.d0), vec4<u32>(wa.d1, wb.d1, wc.d1, we.d1),
+                vec4<u32>(wa.d2, wb.d2, wc.d2, we.d2), bitcast<f32>((eb - 21u) << 23u), hsum(a + b + c + e));
+}
+fn rdot(wb: vec4<u32>, r: QRun) -> f32 {
+    return r.d * (65536.0 * f32(idot(wb, r.q2)) + f32(256 * idot(wb, r.q1) + idot(wb, r.q)));
+}
+#else
+struct QRun { q: vec4<u32>, d: f32, s: f32 }
+fn q8_word(v: vec4<f32>, inv: f32) -> u32 {
+    return pack_bytes(bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)));
+}
+fn q8_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
+    let amax = abs_max(a, b, c, e);
     let inv = select(127.0 / amax, 0.0, amax == 0.0);
     let q = vec4<u32>(q8_word(a, inv), q8_word(b, inv), q8_word(c, inv), q8_word(e, inv));
     let d = amax / 127.0;
     return QRun(q, d, d * f32(idot(q, vec4<u32>(0x01010101u))));
 }
+fn rdot(wb: vec4<u32>, r: QRun) -> f32 { return r.d * f32(idot(wb, r.q)); }
+#endif
 struct XQ2 { lo: QRun, hi: QRun }
 struct XQ4 { r0: QRun, r1: QRun, r2: QRun, r3: QRun }
 fn xq2(xr: array<vec4<f32>, 8>) -> XQ2 {
@@ -68,7 +115,7 @@ fn xq4(xr: array<vec4<f32>, 16>) -> XQ4 {
     return XQ4(q8_run(xr[0], xr[1], xr[2], xr[3]), q8_run(xr[4], xr[5], xr[6], xr[7]),
                q8_run(xr[8], xr[9], xr[10], xr[11]), q8_run(xr[12], xr[13], xr[14], xr[15]));
 }
-// 16 signed bytes (a) dotted with 16 int8 x (b).
+// 16 signed bytes (a) dotted with 16 signed bytes (b).
 fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }

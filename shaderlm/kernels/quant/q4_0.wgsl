@@ -17,7 +17,7 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { q: vec4<u32>, d: f32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], split_d(blk)); }
-#if !INT8_X
+#if !INT_DOT
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let q = cw.q;
     let s = dot_u8(nib(q, 0u), xr[0], xr[1], xr[2], xr[3]) + dot_u8(nib(q, 4u), xr[4], xr[5], xr[6], xr[7]);
@@ -27,7 +27,7 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 #else
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
-    let s = xq.lo.d * f32(idot(nib(cw.q, 0u), xq.lo.q)) + xq.hi.d * f32(idot(nib(cw.q, 4u), xq.hi.q));
+    let s = rdot(nib(cw.q, 0u), xq.lo) + rdot(nib(cw.q, 4u), xq.hi);
     return cw.d * (s - 8.0 * (xq.lo.s + xq.hi.s));
 }
 #endif

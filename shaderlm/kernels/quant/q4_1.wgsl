@@ -17,7 +17,7 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { q: vec4<u32>, dm: u32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], word(p.dbase + blk)); }
-#if !INT8_X
+#if !INT_DOT
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let q = cw.q;
     let dm = unpack2x16float(cw.dm);
@@ -29,7 +29,7 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
     let dm = unpack2x16float(cw.dm);
-    let s = xq.lo.d * f32(idot(nib(cw.q, 0u), xq.lo.q)) + xq.hi.d * f32(idot(nib(cw.q, 4u), xq.hi.q));
+    let s = rdot(nib(cw.q, 0u), xq.lo) + rdot(nib(cw.q, 4u), xq.hi);
     return dm.x * s + dm.y * (xq.lo.s + xq.hi.s);
 }
 #endif

@@ -27,7 +27,7 @@ const CPB: u32 = 8u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return k4_x_chunk(r, b, c); }
 struct CW { h: vec4<u32>, q: vec4<u32> }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 9u], w[blk * 9u + 1u + c]); }
-#if !INT8_X
+#if !INT_DOT
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let h = cw.h;
     let q = cw.q;
@@ -42,8 +42,8 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
     let sc = k4_chunk_scales(cw.h, c);
-    let lo = xq.lo.d * f32(idot(nib(cw.q, 0u), xq.lo.q));
-    let hi = xq.hi.d * f32(idot(nib(cw.q, 4u), xq.hi.q));
+    let lo = rdot(nib(cw.q, 0u), xq.lo);
+    let hi = rdot(nib(cw.q, 4u), xq.hi);
     return sc.x * lo + sc.y * hi - (sc.z * xq.lo.s + sc.w * xq.hi.s);
 }
 #endif

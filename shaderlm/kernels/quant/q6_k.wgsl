@@ -41,7 +41,7 @@ fn chunk_load(blk: u32, c: u32) -> CW {
     let o = blk * 13u + (c >> 1u) * 4u + (c & 1u);
     return CW(w[o], w[o + 2u], w[blk * 13u + 8u + (c >> 1u) * 2u + (c & 1u)], w[blk * 13u + 12u], split_d(blk));
 }
-#if !INT8_X
+#if !INT_DOT
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 16>) -> f32 {
     let hh = c >> 1u;
     let m = c & 1u;
@@ -67,10 +67,10 @@ fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
     let s01 = select(cw.sc.x, cw.sc.z, hh == 1u);
     let s23 = select(cw.sc.y, cw.sc.w, hh == 1u);
     let k = 0x03030303u;
-    let t0 = xq.r0.d * f32(idot(nib_hi(cw.la, 0u, cw.qh, 0u, k), xq.r0.q)) - 32.0 * xq.r0.s;
-    let t1 = xq.r1.d * f32(idot(nib_hi(cw.lb, 0u, cw.qh, 2u, k), xq.r1.q)) - 32.0 * xq.r1.s;
-    let t2 = xq.r2.d * f32(idot(nib_hi(cw.la, 4u, cw.qh, 4u, k), xq.r2.q)) - 32.0 * xq.r2.s;
-    let t3 = xq.r3.d * f32(idot(nib_hi(cw.lb, 4u, cw.qh, 6u, k), xq.r3.q)) - 32.0 * xq.r3.s;
+    let t0 = rdot(nib_hi(cw.la, 0u, cw.qh, 0u, k), xq.r0) - 32.0 * xq.r0.s;
+    let t1 = rdot(nib_hi(cw.lb, 0u, cw.qh, 2u, k), xq.r1) - 32.0 * xq.r1.s;
+    let t2 = rdot(nib_hi(cw.la, 4u, cw.qh, 4u, k), xq.r2) - 32.0 * xq.r2.s;
+    let t3 = rdot(nib_hi(cw.lb, 4u, cw.qh, 6u, k), xq.r3) - 32.0 * xq.r3.s;
     let s = i8_at(s01, m) * t0 + i8_at(s01, m + 2u) * t1 + i8_at(s23, m) * t2 + i8_at(s23, m + 2u) * t3;
     return cw.d * s;
 }

@@ -14,7 +14,7 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { a: vec4<u32>, b: vec4<u32>, d: f32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk * 2u], w[blk * 2u + 1u], split_d(blk)); }
-#if !INT8_X
+#if !INT_DOT
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let a = cw.a;
     let b = cw.b;
@@ -25,7 +25,7 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
 #else
 fn x_quant(xr: array<vec4<f32>, 8>) -> XQ2 { return xq2(xr); }
 fn chunk_dot(cw: CW, c: u32, xq: XQ2) -> f32 {
-    return cw.d * (xq.lo.d * f32(idot(cw.a, xq.lo.q)) + xq.hi.d * f32(idot(cw.b, xq.hi.q)));
+    return cw.d * (rdot(cw.a, xq.lo) + rdot(cw.b, xq.hi));
 }
 #endif
 #endif
