@@ -1,6 +1,7 @@
 """Per-adapter tuning of kernel shapes, measured on first use and cached on disk.
 
-A dispatch whose shape can vary without changing its result carries a Tunable: a key naming what
+A dispatch whose shape can vary without changing its result (beyond f32 rounding: the order of
+sums, or a decode GEMV's x24 x) carries a Tunable: a key naming what
 decides the best shape (kernel, weight types, matrix shape, fusions), the shapes worth trying, and a
 way to rebuild it with another shape. `tune_plan` groups a plan's dispatches by key and, one key
 at a time, times the whole plan with all of that key's dispatches (a model's 32 o-projections, say) in
@@ -160,35 +161,44 @@ def tune_plan(dev, plan, *, reset, max_repeat: int = 64, force: bool = False, re
     if log:
         log(f"tuning {len(todo)} kernel shape(s) for {dev.name} (first use; cached in {cache_path(dev)})")
     report = []
+
+    def fastest(plans: dict) -> tuple:
+        """(the fastest shape if it beats the first by NOISE, else the first; every shape's time)."""
+        times = _timer(dev, plans, reps, min_s, reset, max_repeat)
+        first = next(iter(plans))
+        best = min(times, key=times.get)
+        return (best if times[best] <= times[first] * (1 - NOISE) else first), times
+
     for key in todo:
-        cands = groups[key][0].candidates()
-        plans = {}
-        for c in cands:
-            try:
-                plans[c] = Plan(dev, _substituted(plan, key, c))
-            except Exception as e:  # noqa: BLE001 - a shape this adapter cannot build is skipped, not fatal
-                if log:
-                    log(f"  {key}: shape {c} skipped: {e}")
+        tunable = groups[key][0]
+        cands = tunable.candidates()
+        plans = _plans(dev, plan, key, cands, log)
         if cands[0] not in plans:
             continue
-        times = _timer(dev, plans, reps, min_s, reset, max_repeat)
-        best = min(times, key=times.get)
-        if times[best] > times[cands[0]] * (1 - NOISE):
-            best = cands[0]
-        refine = groups[key][0].refine
-        extra = {c: Plan(dev, _substituted(plan, key, c)) for c in (refine(best) if refine else [])
-                 if c not in plans}
-        if extra:          # a second round: best against its variants (kept unless one clearly wins)
-            more = _timer(dev, {best: plans[best], **extra}, reps, min_s, reset, max_repeat)
+        best, times = fastest(plans)
+        extra = _plans(dev, plan, key, [c for c in (tunable.refine(best) if tunable.refine else [])
+                                        if c not in plans], log)
+        if extra:          # a second round: the best against its variants, on the first round's scale
+            alt, more = fastest({best: plans[best], **extra})
             plans.update(extra)
-            alt = min(more, key=more.get)
-            if more[alt] < more[best] * (1 - NOISE):
-                times[alt], best = more[alt] * times[best] / more[best], alt
+            times[alt], best = more[alt] * times[best] / more[best], alt
         dev.tuned[key] = best
         plan.replace(plans[best].dispatches)
         report.append((key, cands[0], times[cands[0]] * 1e6, best, times[best] * 1e6, len(groups[key])))
     save(dev)
     return report
+
+
+def _plans(dev, plan, key: str, shapes, log) -> dict:
+    """shape -> the plan with `key`'s dispatches rebuilt in it, for the shapes this adapter can build."""
+    out = {}
+    for c in shapes:
+        try:
+            out[c] = Plan(dev, _substituted(plan, key, c))
+        except Exception as e:  # noqa: BLE001 - a shape this adapter cannot build is skipped, not fatal
+            if log:
+                log(f"  {key}: shape {c} skipped: {e}")
+    return out
 
 
 def _substituted(plan, key: str, shape: tuple) -> list:

@@ -93,8 +93,8 @@ def wide_ok(w) -> bool:
     return q.wide is not None and w.cols % q.wide[0] == 0 and os.environ.get("SHADERLM_GEMV") != "old"
 
 
-def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
-    """(workgroup size, rows per workgroup, chunk steps per trip, x24) for the decode GEMV of `w`.
+def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
+    """(workgroup size, rows per workgroup, chunk steps per trip) for the decode GEMV of `w`.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
@@ -102,12 +102,11 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
     than keeps about 768 workgroups (small matrices need the parallelism more). Measured on the H200
     in whole decode steps, where fewer rows won over the isolated-GEMV sweeps' choice (8): Llama 8B
     Q4_K_M 166 -> 192 tok/s with 2-3 rows, while Q4_0 and Q8_0 wanted 4 or more.
-    Steps per trip: 1 (the tuner tries 2). x24: 1 where x24_ok, else 0 (f32 x).
-    SHADERLM_GEMV="WG,ROWS[,STEPS[,X24]]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
+    Steps per trip: 1 (the tuner tries 2).
+    SHADERLM_GEMV="WG,ROWS[,STEPS]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
-        s = tuple(int(v) for v in env.split(","))
-        return full_shape(s[:3])[:3] + (s[3] if len(s) > 3 else int(x24_ok([w])),)
+        return full_shape(tuple(int(v) for v in env.split(",")))[:3]
     block, per_block, load = w.qtype.wide
     chunks = w.cols // block * per_block
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
@@ -118,7 +117,7 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
     load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
     rows = max(1, min(8, round(128 / load), out_rows // 768))
-    return wg, rows, 1, int(x24_ok([w]))
+    return wg, rows, 1
 
 
 def full_shape(shape) -> tuple[int, int, int, int]:
@@ -144,7 +143,7 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     chunks of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read
     two weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has
     chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453).
-    All with the default's x24 (the best one's f32 twin is tried after: x24_refine)."""
+    All in the default's x mode (the best one's f32 twin is tried after: x24_refine)."""
     chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     wgs = [g for g in (32, 64, 128, 256)
@@ -160,11 +159,22 @@ def x24_refine(shape) -> list:
     return [tuple(shape[:3]) + (0,)] if shape[3] else []
 
 
-def _gemv_defines(w, c, rows: int, row0: int, *, wg: int, nrows: int, steps: int, y_stride: int,
-                  eps: float) -> dict:
+def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
+    """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
+    gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else gemv_shape's (of the first
+    weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged for it."""
+    default = gemv_shape(dev, ws[0], glu) + (int(x24_ok(ws)),)
+    tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, x24_refine)
+    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
+    x24 = bool(x24) and x24_ok(ws)          # a cached x24 shape under SHADERLM_NO_X24 builds f32
+    int8 = all(w.int8_x for w in ws)
+    return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, INT_DOT=int8 or x24, X24=x24)
+
+
+def _gemv_defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
     """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
-    return dict(QUANT=w.qtype.kernel, WIDE=True, WG=wg, ROWS=nrows, STEPS=steps, K=w.cols, NROWS=rows, ROW0=row0,
-                DBASE=c.dbase, Y_STRIDE=y_stride, EPS=float(eps))
+    return dict(QUANT=w.qtype.kernel, WIDE=True, K=w.cols, NROWS=rows, ROW0=row0, DBASE=c.dbase,
+                Y_STRIDE=y_stride, EPS=float(eps))
 
 
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
@@ -175,20 +185,16 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
     With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
-    default = gemv_shape(dev, w, glu)
-    tune = Tunable(key, lambda: gemv_candidates(dev, [w], glu, default), lambda s: gemv(
+    tune, sd = _gemv_tuning(dev, [w], key, glu, shape, lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
-        glu=glu, gelu=gelu, shape=s), x24_refine)
-    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
-    x24 = bool(x24) and x24_ok([w])
+        glu=glu, gelu=gelu, shape=s))
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
-        pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, wg=wg, nrows=nrows,
-                                                    steps=steps, y_stride=y_stride, eps=eps),
+        pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, y_stride=y_stride, eps=eps), **sd,
                             BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
-                            ACT_GELU=gelu, INT_DOT=w.int8_x or x24, X24=x24)
-        gx, gy, _ = grid_1d(dev, cdiv(rows, nrows))
+                            ACT_GELU=gelu)
+        gx, gy, _ = grid_1d(dev, cdiv(rows, sd["ROWS"]))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
                             bytes=c.buffer.size, tune=tune))
@@ -204,19 +210,15 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
     each; one shape for both (default: the tuned one, else wa's gemv_shape)."""
-    int8_x = wa.int8_x and wb.int8_x
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
-           + " norm" * (norm is not None) + " int8x" * int8_x)
-    default = gemv_shape(dev, wa)[:3] + (int(x24_ok([wa, wb])),)
-    tune = Tunable(key, lambda: gemv_candidates(dev, [wa, wb], False, default), lambda s: gemv_pair(
-        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s), x24_refine)
-    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
-    x24 = bool(x24) and x24_ok([wa, wb])
+           + " norm" * (norm is not None) + " int8x" * (wa.int8_x and wb.int8_x))
+    tune, sd = _gemv_tuning(dev, [wa, wb], key, False, shape, lambda s: gemv_pair(
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
     ca, cb = wa.chunks[0], wb.chunks[0]
-    pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, wg=wg, nrows=nrows, steps=steps,
-                                                y_stride=y_stride, eps=eps),
+    pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, y_stride=y_stride, eps=eps), **sd,
                         DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
-                        NORM=norm is not None, INT_DOT=int8_x or x24, X24=x24)
+                        NORM=norm is not None)
+    nrows = sd["ROWS"]
     gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
