@@ -44,16 +44,12 @@ fn dot_u8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
 #if INT_DOT
 // INT_DOT: the decode GEMV rounds each 16-element run of x to integers with one f32 scale d and dots
 // weight bytes with dot4I8Packed: integer dots replace the per-weight float conversions.
-// QRun: the run's integer words, d, and s (the run's x sum, for offset/min terms); rdot(w, r) is
+// x_run -> QRun: the run's integer words, d, and s (the run's x sum, for offset/min terms); rdot(w, r) is
 // d * (the weight bytes dotted with the run's integers).
 //   without X24 (--int8-act; not exact): int8, d = max|x| / 127; s = d * (sum of the ints).
 //   X24 (the default where the type has these decoders): 24-bit fixed point, as accurate as f32
 //   arithmetic (below). s = the f32 sum of the run.
 const RND: f32 = 12582912.0;     // 1.5 * 2^23: adding it leaves round(v) in the low mantissa bits
-fn pack_bytes(u: vec4<u32>) -> u32 {
-    let b = u & vec4<u32>(255u);
-    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
-}
 fn abs_max(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> f32 {
     let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
     return max(max(m.x, m.y), max(m.z, m.w));
@@ -78,7 +74,7 @@ fn x24_word(v: vec4<f32>, inv: f32) -> Digits {
     return Digits(((t0 & 0xFFFFu) | (t2 << 16u)) ^ 0x80808080u, ((t1 & 0xFFFFu) | (t3 << 16u)) ^ 0x80808080u,
                   (t0 >> 16u) | (t2 & 0xFFFF0000u));
 }
-fn q8_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
+fn x_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
     // |x| < 2^(eb - 126): inv = 2^(148 - eb) keeps |X| < 2^22; eb >= 22 keeps inv a normal float
     let eb = max(bitcast<u32>(abs_max(a, b, c, e)) >> 23u, 22u);
     let inv = bitcast<f32>((275u - eb) << 23u);
@@ -95,9 +91,10 @@ fn rdot(wb: vec4<u32>, r: QRun) -> f32 {
 #else
 struct QRun { q: vec4<u32>, d: f32, s: f32 }
 fn q8_word(v: vec4<f32>, inv: f32) -> u32 {
-    return pack_bytes(bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)));
+    let b = bitcast<vec4<u32>>(v * inv + vec4<f32>(RND)) & vec4<u32>(255u);
+    return b.x | (b.y << 8u) | (b.z << 16u) | (b.w << 24u);
 }
-fn q8_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
+fn x_run(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> QRun {
     let amax = abs_max(a, b, c, e);
     let inv = select(127.0 / amax, 0.0, amax == 0.0);
     let q = vec4<u32>(q8_word(a, inv), q8_word(b, inv), q8_word(c, inv), q8_word(e, inv));
@@ -109,11 +106,11 @@ fn rdot(wb: vec4<u32>, r: QRun) -> f32 { return r.d * f32(idot(wb, r.q)); }
 struct XQ2 { lo: QRun, hi: QRun }
 struct XQ4 { r0: QRun, r1: QRun, r2: QRun, r3: QRun }
 fn xq2(xr: array<vec4<f32>, 8>) -> XQ2 {
-    return XQ2(q8_run(xr[0], xr[1], xr[2], xr[3]), q8_run(xr[4], xr[5], xr[6], xr[7]));
+    return XQ2(x_run(xr[0], xr[1], xr[2], xr[3]), x_run(xr[4], xr[5], xr[6], xr[7]));
 }
 fn xq4(xr: array<vec4<f32>, 16>) -> XQ4 {
-    return XQ4(q8_run(xr[0], xr[1], xr[2], xr[3]), q8_run(xr[4], xr[5], xr[6], xr[7]),
-               q8_run(xr[8], xr[9], xr[10], xr[11]), q8_run(xr[12], xr[13], xr[14], xr[15]));
+    return XQ4(x_run(xr[0], xr[1], xr[2], xr[3]), x_run(xr[4], xr[5], xr[6], xr[7]),
+               x_run(xr[8], xr[9], xr[10], xr[11]), x_run(xr[12], xr[13], xr[14], xr[15]));
 }
 // 16 signed bytes (a) dotted with 16 signed bytes (b).
 fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {

@@ -41,38 +41,31 @@ fn chunk_load(blk: u32, c: u32) -> CW {
     let o = blk * 13u + (c >> 1u) * 4u + (c & 1u);
     return CW(w[o], w[o + 2u], w[blk * 13u + 8u + (c >> 1u) * 2u + (c & 1u)], w[blk * 13u + 12u], split_d(blk));
 }
-#if !INT_DOT
-fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 16>) -> f32 {
-    let hh = c >> 1u;
-    let m = c & 1u;
-    let la = cw.la;
-    let lb = cw.lb;
-    let qh = cw.qh;
-    let scw = cw.sc;
-    let s01 = select(scw.x, scw.z, hh == 1u);
-    let s23 = select(scw.y, scw.w, hh == 1u);
-    let k = 0x03030303u;
-    let t0 = dot_u8(nib_hi(la, 0u, qh, 0u, k), xr[0], xr[1], xr[2], xr[3]) - 32.0 * hsum(xr[0] + xr[1] + xr[2] + xr[3]);
-    let t1 = dot_u8(nib_hi(lb, 0u, qh, 2u, k), xr[4], xr[5], xr[6], xr[7]) - 32.0 * hsum(xr[4] + xr[5] + xr[6] + xr[7]);
-    let t2 = dot_u8(nib_hi(la, 4u, qh, 4u, k), xr[8], xr[9], xr[10], xr[11]) - 32.0 * hsum(xr[8] + xr[9] + xr[10] + xr[11]);
-    let t3 = dot_u8(nib_hi(lb, 4u, qh, 6u, k), xr[12], xr[13], xr[14], xr[15]) - 32.0 * hsum(xr[12] + xr[13] + xr[14] + xr[15]);
-    let s = i8_at(s01, m) * t0 + i8_at(s01, m + 2u) * t1 + i8_at(s23, m) * t2 + i8_at(s23, m + 2u) * t3;
-    return cw.d * s;
-}
-#else
-fn x_quant(xr: array<vec4<f32>, 16>) -> XQ4 { return xq4(xr); }
-fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
+// Chunk c's four run dots t (runs 0..3, each over q - 32) times their int8 scales, times d.
+fn k6_scaled(cw: CW, c: u32, t: vec4<f32>) -> f32 {
     let hh = c >> 1u;
     let m = c & 1u;
     let s01 = select(cw.sc.x, cw.sc.z, hh == 1u);
     let s23 = select(cw.sc.y, cw.sc.w, hh == 1u);
-    let k = 0x03030303u;
-    let t0 = rdot(nib_hi(cw.la, 0u, cw.qh, 0u, k), xq.r0) - 32.0 * xq.r0.s;
-    let t1 = rdot(nib_hi(cw.lb, 0u, cw.qh, 2u, k), xq.r1) - 32.0 * xq.r1.s;
-    let t2 = rdot(nib_hi(cw.la, 4u, cw.qh, 4u, k), xq.r2) - 32.0 * xq.r2.s;
-    let t3 = rdot(nib_hi(cw.lb, 4u, cw.qh, 6u, k), xq.r3) - 32.0 * xq.r3.s;
-    let s = i8_at(s01, m) * t0 + i8_at(s01, m + 2u) * t1 + i8_at(s23, m) * t2 + i8_at(s23, m + 2u) * t3;
-    return cw.d * s;
+    return cw.d * (i8_at(s01, m) * t.x + i8_at(s01, m + 2u) * t.y + i8_at(s23, m) * t.z + i8_at(s23, m + 2u) * t.w);
+}
+const K6H: u32 = 0x03030303u;      // the 2 high bits' mask in qh's bytes
+#if !INT_DOT
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 16>) -> f32 {
+    let t0 = dot_u8(nib_hi(cw.la, 0u, cw.qh, 0u, K6H), xr[0], xr[1], xr[2], xr[3]) - 32.0 * hsum(xr[0] + xr[1] + xr[2] + xr[3]);
+    let t1 = dot_u8(nib_hi(cw.lb, 0u, cw.qh, 2u, K6H), xr[4], xr[5], xr[6], xr[7]) - 32.0 * hsum(xr[4] + xr[5] + xr[6] + xr[7]);
+    let t2 = dot_u8(nib_hi(cw.la, 4u, cw.qh, 4u, K6H), xr[8], xr[9], xr[10], xr[11]) - 32.0 * hsum(xr[8] + xr[9] + xr[10] + xr[11]);
+    let t3 = dot_u8(nib_hi(cw.lb, 4u, cw.qh, 6u, K6H), xr[12], xr[13], xr[14], xr[15]) - 32.0 * hsum(xr[12] + xr[13] + xr[14] + xr[15]);
+    return k6_scaled(cw, c, vec4<f32>(t0, t1, t2, t3));
+}
+#else
+fn x_quant(xr: array<vec4<f32>, 16>) -> XQ4 { return xq4(xr); }
+fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
+    let t0 = rdot(nib_hi(cw.la, 0u, cw.qh, 0u, K6H), xq.r0) - 32.0 * xq.r0.s;
+    let t1 = rdot(nib_hi(cw.lb, 0u, cw.qh, 2u, K6H), xq.r1) - 32.0 * xq.r1.s;
+    let t2 = rdot(nib_hi(cw.la, 4u, cw.qh, 4u, K6H), xq.r2) - 32.0 * xq.r2.s;
+    let t3 = rdot(nib_hi(cw.lb, 4u, cw.qh, 6u, K6H), xq.r3) - 32.0 * xq.r3.s;
+    return k6_scaled(cw, c, vec4<f32>(t0, t1, t2, t3));
 }
 #endif
 #endif
