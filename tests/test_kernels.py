@@ -712,22 +712,40 @@ def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None, x_edit=None):
                            out_rows=out_rows, W=np.concatenate([W for _, W in mats]))
 
 
+def gemv_input(c):
+    """The input gemv_case's GEMV dots (float64): x, or RMSNorm(x) * the norm weight with norm."""
+    return rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
+
+
+def gemv_ref(c, xin, bound, act_rtol=0.0):
+    """(float64 result, tolerance) of gemv_case `c` on input xin. bound(W rows) is a plain dot's error
+    bound; with GLU it goes through act(gate) * up (the activation's slope stays under 1.2), plus
+    act_rtol of the result for the activation's own rounding."""
+    W, rows = c.W, c.rows
+    if c.glu:
+        g, u = xin @ W[:rows].T, xin @ W[rows:].T
+        ref = silu(g) * u
+        return ref, (1.2 * bound(W[:rows]) * np.abs(u) + np.abs(silu(g)) * bound(W[rows:])
+                     + act_rtol * np.abs(ref) + 1e-30)
+    ref = xin @ W.T
+    return ref, bound(W) + 1e-30
+
+
+# decode GEMVs with integer-dot decoders: every such type, fused GLU + norm, the Q4_K + Q6_K pair, and
+# 2 chunk steps per trip
+INT_DOT_CASES = ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512", "Q4_K 512 glu norm",
+                 "Q8_0 256 glu", "Q4_K+Q6_K 512 norm", "Q4_0 1056 steps"]
+
+
 @pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
 def test_gemv_every_tuned_shape(dev, case):
     """Every shape the autotuner may pick for a decode GEMV (ops.gemv_candidates and their refinements:
     workgroup size, rows per workgroup, chunk steps, x24 or f32 x) computes it (the Tunable's
     rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
     c = gemv_case(dev, case, len(case))
-    tune, W, rows = c.ds[0].tune, c.W, c.rows
-    xin = rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
-    if c.glu:
-        g, u = xin @ W[:rows].T, xin @ W[rows:].T
-        ref = silu(g) * u
-        tol = 2 * MM_RTOL * (1.2 * (np.abs(xin) @ np.abs(W[:rows]).T) * np.abs(u)
-                             + np.abs(silu(g)) * (np.abs(xin) @ np.abs(W[rows:]).T)) + 1e-5 * np.abs(ref) + 1e-30
-    else:
-        ref = xin @ W.T
-        tol = 2 * MM_RTOL * (np.abs(xin) @ np.abs(W).T) + 1e-30
+    tune = c.ds[0].tune
+    xin = gemv_input(c)
+    ref, tol = gemv_ref(c, xin, lambda Wp: 2 * MM_RTOL * (np.abs(xin) @ np.abs(Wp).T), act_rtol=1e-5)
     shapes = tune.candidates()
     assert len(shapes) >= 4 and len(set(shapes)) == len(shapes)
     shapes += [r for s in shapes for r in tune.refine(s)]      # and what the tuner tries after
@@ -746,32 +764,25 @@ def x24_edit(x):
     x[0, 33:48] *= 1e-3
 
 
-@pytest.mark.parametrize("case", ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512",
-                                  "Q4_K 512 glu norm", "Q8_0 256 glu", "Q4_K+Q6_K 512 norm",
-                                  "Q4_0 1056 steps"])
+@pytest.mark.parametrize("case", INT_DOT_CASES)
 def test_gemv_x24(dev, case):
     """A tuned shape's x24 (gemv.wgsl X24: x as 24-bit fixed point per 16-element run, integer dots) is
     as accurate as f32 x: both within 2^-21 of sum_i max|x over i's run| * |w_i| of the float64
     result (on lavapipe x24 reached 1.2 / 4 of that, f32 x 0.3 / 4; a 16-bit x would be 64x over),
     for every type with an integer-dot decoder, fused GLU + norm, the Q4_K + Q6_K pair and 2 chunk
     steps per trip. And x24 is a different computation from f32 x, not the same kernel."""
+    c = gemv_case(dev, case, len(case) * 7, x_edit=x24_edit)
+    tune = c.ds[0].tune
+    shape = (32, 3, 2) if "steps" in case else tune.candidates()[0][:3]
+    assert any(s[3] for s in tune.candidates())          # the tuner tries x24 for these types
+    xe = gemv_input(c)
+    run_max = np.repeat(np.abs(xe).reshape(-1, 16).max(axis=1), 16)[None]
+    ref, tol = gemv_ref(c, xe, lambda Wp: 2.0 ** -21 * (run_max @ np.abs(Wp).T))
     got = {}
     for x24 in (0, 1):
-        c = gemv_case(dev, case, len(case) * 7, x_edit=x24_edit)
-        tune = c.ds[0].tune
-        shape = (32, 3, 2) if "steps" in case else tune.candidates()[0][:3]
-        assert any(s[3] for s in tune.candidates())          # the tuner tries x24 for these types
+        dev.write(c.yb, poisoned((1, c.out_rows)))        # each run must write every row itself
         run(dev, tune.rebuild(shape + (x24,)), 1)
         got[x24] = read_f32(dev, c.yb, (1, c.out_rows))
-        xe = rms(c.x.astype(np.float64), c.nw, c.eps) if c.norm else c.x.astype(np.float64)
-        run_max = np.repeat(np.abs(xe).reshape(-1, 16).max(axis=1), 16)[None]
-        W, rows, bound = c.W, c.rows, lambda Wp: 2.0 ** -21 * (run_max @ np.abs(Wp).T)
-        if c.glu:
-            g, u = xe @ W[:rows].T, xe @ W[rows:].T
-            ref = silu(g) * u
-            tol = 1.2 * bound(W[:rows]) * np.abs(u) + np.abs(silu(g)) * bound(W[rows:]) + 1e-30
-        else:
-            ref, tol = xe @ W.T, bound(W) + 1e-30
         assert_close(got[x24], ref, tol, f"{case} x24={x24}")
     assert (got[0] != got[1]).any(), case
 
@@ -787,15 +798,13 @@ def int8_rounded(x):
     return (q * (amax / 127)).astype(np.float64).reshape(x.shape), (amax / 127).repeat(16, 1).reshape(x.shape)
 
 
-@pytest.mark.parametrize("case", ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512",
-                                  "Q4_K 512 glu norm", "Q8_0 256 glu", "Q4_K+Q6_K 512 norm",
-                                  "Q4_0 1056 steps"])
+@pytest.mark.parametrize("case", INT_DOT_CASES)
 def test_gemv_int8_x(dev, case):
     """The opt-in int8-activation GEMV (weights flagged int8_x) computes the dot of the dequantized
     weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
     with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
     c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2) if "steps" in case else None)
-    ds, x, nw, eps, K, rows, glu_, norm_, W = c.ds, c.x, c.nw, c.eps, c.K, c.rows, c.glu, c.norm, c.W
+    ds, x, nw, eps, K, norm_ = c.ds, c.x, c.nw, c.eps, c.K, c.norm
     assert all("int8x" in d.tune.key for d in ds)
     run(dev, ds, 1)
     got = read_f32(dev, c.yb, (1, c.out_rows))
@@ -806,16 +815,9 @@ def test_gemv_int8_x(dev, case):
     else:
         xq, d = int8_rounded(x)
     # f32 sums in another order, plus one rounding step (d) where float ties round differently
-    slack = lambda Wp: 2 * MM_RTOL * (np.abs(xq) @ np.abs(Wp).T) + 1.01 * (d @ np.abs(Wp).T) / K * 2
-    if glu_:
-        g, u = xq @ W[:rows].T, xq @ W[rows:].T
-        ref = silu(g) * u
-        tol = 1.2 * slack(W[:rows]) * np.abs(u) + np.abs(silu(g)) * slack(W[rows:]) + 1e-30
-    else:
-        ref = xq @ W.T
-        tol = slack(W) + 1e-30
+    ref, tol = gemv_ref(c, xq, lambda Wp: 2 * MM_RTOL * (np.abs(xq) @ np.abs(Wp).T)
+                        + 1.01 * (d @ np.abs(Wp).T) / K * 2)
     assert_close(got, ref, tol, case)
     # and the rounding is what the kernel did: the exact-x result is measurably further away
-    xe = rms(x.astype(np.float64), nw, eps) if norm_ else x.astype(np.float64)
-    exact = xe @ W.T if not glu_ else silu(xe @ W[:rows].T) * (xe @ W[rows:].T)
+    exact, _ = gemv_ref(c, gemv_input(c), lambda Wp: 0.0)
     assert np.abs(got - exact).max() > 10 * np.abs(got - ref).max(), case
