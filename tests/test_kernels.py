@@ -755,6 +755,26 @@ def test_gemv_every_tuned_shape(dev, case):
         assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
 
 
+@pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm", "Q4_0 1056",
+                                  "Q6_K 768"])
+def test_gemv_row_groups(dev, case):
+    """Several row groups per workgroup (gemv.wgsl HOIST: each lane's x chunks converted once for all
+    of them) compute the GEMV, x24 and f32 x alike: group counts that do and do not divide the 37 rows,
+    lanes past a row's chunks (Q4_K 512: 16 chunks on 32 lanes; Q4_0 1056: 33 chunks in 2 steps), a
+    fused GLU + norm and the Q4_K + Q6_K pair."""
+    c = gemv_case(dev, case, len(case) * 3)
+    tune = c.ds[0].tune
+    xin = gemv_input(c)
+    ref, tol = gemv_ref(c, xin, lambda Wp: 2 * MM_RTOL * (np.abs(xin) @ np.abs(Wp).T), act_rtol=1e-5)
+    lanes = max(32, dev.subgroup_size or 1)
+    shapes = [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24)
+              for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8)) for x24 in (0, 1)]
+    for shape in shapes:
+        dev.write(c.yb, poisoned((1, c.out_rows)))
+        run(dev, tune.rebuild(shape), 1)
+        assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
+
+
 def x24_edit(x):
     """Runs of 16 that a fixed-point x must handle: zeros, near the f32 normal floor, and one whose
     largest element is 2^15 times the rest (a 16-bit fixed point would lose those)."""
@@ -773,8 +793,8 @@ def test_gemv_x24(dev, case):
     steps per trip. And x24 is a different computation from f32 x, not the same kernel."""
     c = gemv_case(dev, case, len(case) * 7, x_edit=x24_edit)
     tune = c.ds[0].tune
-    shape = (32, 3, 2) if "steps" in case else tune.candidates()[0][:3]
-    assert any(s[3] for s in tune.candidates())          # the tuner tries x24 for these types
+    shape = (32, 3, 2, 1) if "steps" in case else tune.candidates()[0][:4]
+    assert any(s[4] for s in tune.candidates())          # the tuner tries x24 for these types
     xe = gemv_input(c)
     run_max = np.repeat(np.abs(xe).reshape(-1, 16).max(axis=1), 16)[None]
     ref, tol = gemv_ref(c, xe, lambda Wp: 2.0 ** -21 * (run_max @ np.abs(Wp).T))

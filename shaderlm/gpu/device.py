@@ -93,6 +93,8 @@ class Device:
         fuse = os.environ.get("SHADERLM_FUSE")
         self.prefer_fused = (fuse != "0") if fuse is not None else self.adapter.info["adapter_type"] != "CPU"
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
+        if self.subgroup_size < 4:          # the kernels' partial-sum buffers assume 4 lanes or more
+            self.has_subgroups, self.subgroup_size = False, 0
         self.tuned: dict = autotune.load(self)      # kernel shapes tuned for this adapter, by key
 
     @property

@@ -1,11 +1,13 @@
-// Decode GEMV: y[t, row] (+)= sum_k W[row, k] * x[t, k] for ROWS rows per workgroup, token t = z.
+// Decode GEMV: y[t, row] (+)= sum_k W[row, k] * x[t, k] for GROUPS x ROWS rows per workgroup, token t = z.
 // (Decode runs one token; a few tokens on one grid are for tests and tools: the grid has exactly
 // the batch's tokens, so the kernel reads no token count.)
 // Each thread takes one chunk (32 or 64 elements, one or a few 16-byte loads) of the rows' K at a time,
 // strided by the workgroup, so every lane is busy whatever the chunk count (the workgroup size is
 // picked per matrix in ops.py). The chunk's x runs are loaded once into registers and reused for all
-// ROWS rows, whose independent weight loads are then in flight together. Partial sums: subgroup
-// reductions, then one workgroup-memory pass over the subgroups (any subgroup size).
+// ROWS rows, whose independent weight loads are then in flight together. With several row groups
+// (HOIST, gemv_rows.wgsl) a lane's chunks are the same for every group, so their x is loaded and
+// converted once per workgroup. Partial sums: subgroup reductions, then one workgroup-memory pass
+// over the subgroups (subgroups of 4 lanes or more).
 // Fused variants, as matmul.wgsl: NORM (RMSNorm of x: the dots use x * w and are scaled by the
 // norm's 1/rms at the end; the sum of squares comes from the same x loads, since the workgroup's
 // chunks cover the row exactly once, and rides along the partial-sum reduction, so the norm adds no
@@ -42,8 +44,10 @@ const B_p = P({{K}}u, {{NROWS_B}}u, {{ROW0_B}}u, {{DBASE_B}}u, {{Y_STRIDE}}u, {{
 @group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
 #endif
 
-const NPART: u32 = {{WG}}u;                      // room for every subgroup's partial sums (x2 with GLU)
-var<workgroup> part: array<f32, {{ROWS}} * {{WG}}>;
+// Per row, room for the partial sums of WG / 4 subgroups, and as many for GLU's up rows: subgroups
+// of 4 lanes or more (Device.has_subgroups requires it)
+const NPART: u32 = {{WG}}u / 2u;
+var<workgroup> part: array<f32, {{GROUPS}} * {{ROWS}} * NPART>;
 var<workgroup> norm_part: array<f32, {{WG}}>;
 
 // Where a token's x row starts (vec4s): passed down rather than kept in a private variable, to leave
@@ -51,8 +55,13 @@ var<workgroup> norm_part: array<f32, {{WG}}>;
 // (exactly once per workgroup pass) adds its squares to the calling thread's `ss`.
 struct XRow { base: u32 }
 var<private> ss: f32;
+var<private> x_on: f32;          // HOIST: 0 reads x as zeros (a lane's chunk step past the row's end)
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {
+#if HOIST
+    let v = x[xrow.base + i] * x_on;
+#else
     let v = x[xrow.base + i];
+#endif
 #if NORM
     ss += dot(v, v);
     return v * nw[i];
@@ -88,14 +97,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = 0u; let sg = 0u; let nsg = 1u;
 #endif
     red_lane = li;
-    let g = wid.x + wid.y * nwg.x;           // row group; the branches below are uniform per workgroup
-    let groups = (p.rows + {{ROWS}}u - 1u) / {{ROWS}}u;
-    if (g < groups) {
-        rows(g * {{ROWS}}u, wid.z, li, lane, sg, nsg);
+    let g = wid.x + wid.y * nwg.x;           // workgroup; the branches below are uniform per workgroup
+    let per = {{GROUPS}}u * {{ROWS}}u;       // rows per workgroup
+    let wgs = (p.rows + per - 1u) / per;
+    if (g < wgs) {
+        rows(g * per, wid.z, li, lane, sg, nsg);
     }
 #if DUAL
-    else if ((g - groups) * {{ROWS}}u < B_p.rows) {
-        B_rows((g - groups) * {{ROWS}}u, wid.z, li, lane, sg, nsg);
+    else if ((g - wgs) * per < B_p.rows) {
+        B_rows((g - wgs) * per, wid.z, li, lane, sg, nsg);
     }
 #endif
 }

@@ -1,12 +1,35 @@
-// One row group of the decode GEMV (gemv.wgsl): rows [rbase, rbase + ROWS) of token t, reduced and
-// written. A function so that gemv.wgsl's DUAL variant can include it a second time as B_rows, over a
-// second weight of another type (`#include gemv_rows as B_` renames the decoder and its w / p).
-fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
+// The row groups of one decode-GEMV workgroup (gemv.wgsl): GROUPS groups of ROWS rows from rbase0, of
+// token t, reduced and written. A function so that gemv.wgsl's DUAL variant can include it a second
+// time as B_rows, over a second weight of another type (`#include gemv_rows as B_` renames the
+// decoder and its w / p).
+// Two ways through a row's chunks:
+//   GROUPS == 1: the workgroup strides over them, STEPS chunk steps per trip, each chunk's x loaded
+//     and converted (x24 / int8) for its ROWS rows.
+//   HOIST (GROUPS > 1, WG x STEPS >= the chunks of a row): each lane's STEPS chunks are fixed, so
+//     their x is loaded and converted once and reused for every row group; the conversion (about
+//     10 operations per x element for x24) is then paid once per GROUPS x ROWS rows instead of ROWS.
+fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     let xrow = XRow(t * (p.k / 4u));
     ss = 0.0;
     let bpr = p.k / WQK;          // wide blocks per row
     let chunks = bpr * CPB;
     let last = p.rows - 1u;       // rows past the end recompute the last row (result unused)
+#if HOIST
+    // a step past the row's end loads the last chunk again, with x read as zeros (x_on): it adds 0
+#unroll STEPS u
+    let c$u = min(li + $uu * {{WG}}u, chunks - 1u);
+    let b$u = c$u / CPB;
+    let cc$u = c$u % CPB;
+    x_on = select(0.0, 1.0, li + $uu * {{WG}}u < chunks);
+#if INT_DOT
+    let xs$u = x_quant(x_chunk(xrow, b$u, cc$u));    // x as integer digits (x24, or int8)
+#else
+    let xs$u = x_chunk(xrow, b$u, cc$u);
+#endif
+#end
+#endif
+    for (var gi = 0u; gi < {{GROUPS}}u; gi++) {
+    let rbase = rbase0 + gi * {{ROWS}}u;
 #unroll ROWS
     var acc$i = 0.0;
     let blk$i = min(rbase + $iu, last) * bpr;
@@ -15,6 +38,24 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     let ublk$i = (min(rbase + $iu, last) + p.rows) * bpr;
 #endif
 #end
+#if HOIST
+#unroll STEPS u
+#unroll ROWS
+    let cw$u_$i = chunk_load(blk$i + b$u, cc$u);
+#if GLU
+    let cu$u_$i = chunk_load(ublk$i + b$u, cc$u);
+#endif
+#end
+#end
+#unroll STEPS u
+#unroll ROWS
+    acc$i += chunk_dot(cw$u_$i, cc$u, xs$u);
+#if GLU
+    up$i += chunk_dot(cu$u_$i, cc$u, xs$u);
+#endif
+#end
+#end
+#else
     // STEPS chunk steps per trip (strided by the workgroup): every weight load of all of them is
     // issued before any arithmetic, so STEPS x ROWS loads per lane are in flight together whatever the
     // compiler's scheduling. A step past the row's end (when STEPS x WG does not divide the chunks)
@@ -34,11 +75,10 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
         // then each step's x (from L1/L2: loaded late, to keep its registers short-lived) and dots
 #unroll STEPS u
         if (c0 + $uu * {{WG}}u < chunks) {
-            let xr = x_chunk(xrow, b$u, cc$u);
 #if INT_DOT
-            let xs = x_quant(xr);        // x as integer digits (x24, or int8); chunk_dot takes those
+            let xs = x_quant(x_chunk(xrow, b$u, cc$u));   // x as integer digits (x24, or int8)
 #else
-            let xs = xr;
+            let xs = x_chunk(xrow, b$u, cc$u);
 #endif
 #unroll ROWS
             acc$i += chunk_dot(cw$u_$i, cc$u, xs);
@@ -49,64 +89,69 @@ fn rows(rbase: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
         }
 #end
     }
+#endif
+    // each row's partial sums into part (the workgroup's row rr at part[rr * NPART]: one per
+    // subgroup, the up rows' from NPART / 2)
+    let r0 = gi * {{ROWS}}u;
 #if SUBGROUPS
 #unroll ROWS
-    acc$i = subgroupAdd(acc$i);
-    if (lane == 0u) { part[$iu * NPART + sg] = acc$i; }
+    let a$i = subgroupAdd(acc$i);
+    if (lane == 0u) { part[(r0 + $iu) * NPART + sg] = a$i; }
 #if GLU
-    up$i = subgroupAdd(up$i);
-    if (lane == 0u) { part[$iu * NPART + nsg + sg] = up$i; }
+    let u$i = subgroupAdd(up$i);
+    if (lane == 0u) { part[(r0 + $iu) * NPART + NPART / 2u + sg] = u$i; }
 #endif
 #end
+#else
+#unroll ROWS
+    let a$i = wg_sum(acc$i);
+    if (li == 0u) { part[(r0 + $iu) * NPART] = a$i; }
+#if GLU
+    let u$i = wg_sum(up$i);
+    if (li == 0u) { part[(r0 + $iu) * NPART + NPART / 2u] = u$i; }
+#endif
+#end
+#endif
+    }
 #if NORM
-    ss = subgroupAdd(ss);
-    if (lane == 0u) { norm_part[sg] = ss; }
+#if SUBGROUPS
+    let q = subgroupAdd(ss);
+    if (lane == 0u) { norm_part[sg] = q; }
+#else
+    let q = wg_sum(ss);
+    if (li == 0u) { norm_part[0] = q; }
+#endif
 #endif
     workgroupBarrier();
-    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
+    if (li < {{GROUPS}}u * {{ROWS}}u && rbase0 + li < p.rows) { row_out(li, rbase0 + li, t, nsg); }
+}
+
+// The workgroup's row rr (row_i of the weight) from its partial sums: the norm's scale, the
+// activation, the write.
+fn row_out(rr: u32, row_i: u32, t: u32, nsg: u32) {
+#if SUBGROUPS
+    let np = nsg;
+#else
+    let np = 1u;
+#endif
     var s = 0.0;
-    for (var i = 0u; i < nsg; i++) { s += part[li * NPART + i]; }
+    for (var i = 0u; i < np; i++) { s += part[rr * NPART + i]; }
 #if GLU
     var su = 0.0;
-    for (var i = 0u; i < nsg; i++) { su += part[li * NPART + nsg + i]; }
+    for (var i = 0u; i < np; i++) { su += part[rr * NPART + NPART / 2u + i]; }
 #endif
 #if NORM
     var sq = 0.0;
-    for (var i = 0u; i < nsg; i++) { sq += norm_part[i]; }
-#endif
-#else
-#unroll ROWS
-    acc$i = wg_sum(acc$i);
-    if (li == 0u) { part[$iu * NPART] = acc$i; }
-#if GLU
-    up$i = wg_sum(up$i);
-    if (li == 0u) { part[$iu * NPART + 1u] = up$i; }
-#endif
-#end
-#if NORM
-    let sq = wg_sum(ss);
-#endif
-    workgroupBarrier();
-    if (li >= {{ROWS}}u || rbase + li >= p.rows) { return; }
-    var s = part[li * NPART];
-#if GLU
-    let su = part[li * NPART + 1u];
-#endif
-#endif
-#if NORM
+    for (var i = 0u; i < np; i++) { sq += norm_part[i]; }
     let scale = inverseSqrt(sq / f32(p.k) + p.eps);
     s *= scale;
 #if GLU
-    let su_n = su * scale;
-#endif
-#else
-#if GLU
-    let su_n = su;
+    su *= scale;
 #endif
 #endif
 #if GLU
-    s = act(s) * su_n;
+    s = act(s) * su;
 #endif
-    let row = p.row0 + rbase + li;
+    let row = p.row0 + row_i;
     write_y(t * p.y_stride + row, row, s);
 }

@@ -93,8 +93,9 @@ def wide_ok(w) -> bool:
     return q.wide is not None and w.cols % q.wide[0] == 0 and os.environ.get("SHADERLM_GEMV") != "old"
 
 
-def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
-    """(workgroup size, rows per workgroup, chunk steps per trip) for the decode GEMV of `w`.
+def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
+    """(workgroup size, rows per row group, chunk steps per trip, row groups per workgroup) for the
+    decode GEMV of `w`.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
@@ -102,11 +103,11 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
     than keeps about 768 workgroups (small matrices need the parallelism more). Measured on the H200
     in whole decode steps, where fewer rows won over the isolated-GEMV sweeps' choice (8): Llama 8B
     Q4_K_M 166 -> 192 tok/s with 2-3 rows, while Q4_0 and Q8_0 wanted 4 or more.
-    Steps per trip: 1 (the tuner tries 2).
-    SHADERLM_GEMV="WG,ROWS[,STEPS]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
+    Steps per trip: 1, one row group (the tuner tries more: gemv_candidates).
+    SHADERLM_GEMV="WG,ROWS[,STEPS[,GROUPS]]" overrides them, for tuning; "old" selects matmul.wgsl instead."""
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
-        return full_shape(tuple(int(v) for v in env.split(",")))[:3]
+        return full_shape(tuple(int(v) for v in env.split(",")))[:4]
     block, per_block, load = w.qtype.wide
     chunks = w.cols // block * per_block
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
@@ -117,12 +118,13 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int]:
     load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
     rows = max(1, min(8, round(128 / load), out_rows // 768))
-    return wg, rows, 1
+    return wg, rows, 1, 1
 
 
-def full_shape(shape) -> tuple[int, int, int, int]:
-    """A GEMV shape (workgroup size, rows, chunk steps per trip, x24): steps 1 and x24 0 where left out."""
-    return (tuple(shape) + (1, 0)[len(shape) - 2:])[:4]
+def full_shape(shape) -> tuple[int, int, int, int, int]:
+    """A GEMV shape (workgroup size, rows, chunk steps per trip, row groups per workgroup, x24): steps 1,
+    groups 1 and x24 0 where left out."""
+    return (tuple(shape) + (1, 1, 0)[len(shape) - 2:])[:5]
 
 
 def x24_ok(ws) -> bool:
@@ -137,26 +139,54 @@ def x24_ok(ws) -> bool:
     return all(w.qtype.int8_dot and not w.int8_x for w in ws) and not os.environ.get("SHADERLM_NO_X24")
 
 
+def _row_chunks(ws) -> int:
+    """The most chunks a row of any of `ws` has (a lane's x chunks are fixed when WG x STEPS covers them)."""
+    return max(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
+
+
+def hoist_ok(dev, ws, shape, glu: bool) -> bool:
+    """gemv.wgsl can run `shape` with several row groups per workgroup (HOIST): one trip covers every
+    chunk of a row, and the partial sums fit the adapter's workgroup memory."""
+    wg, rows, steps, groups, _ = full_shape(shape)
+    part = groups * rows * wg // 2 + 2 * wg          # floats: part, norm_part and the reduction buffer
+    return (wg * steps >= _row_chunks(ws) and groups * rows <= wg
+            and 4 * part <= int(dev.limits.get("max-compute-workgroup-storage-size", 16384)))
+
+
 def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     """Shapes the autotuner tries for a decode GEMV over weights `ws` (one, or gemv_pair's two):
     gemv_shape's first, then workgroups of 32-256 lanes (at least the subgroup, at most twice the
     chunks of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read
     two weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has
     chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453).
+    Then several row groups per workgroup (HOIST: each lane's x converted once for all of them): the
+    fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2 or
+    4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups.
     All in the default's x mode (the best one's f32 twin is tried after: x24_refine)."""
     chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
-    wgs = [g for g in (32, 64, 128, 256)
-           if max(32, dev.subgroup_size or 1) <= g <= min(lim, 2 * chunks)] or [default[0]]
+    sgs = max(32, dev.subgroup_size or 1)
+    wgs = [g for g in (32, 64, 128, 256) if sgs <= g <= min(lim, 2 * chunks)] or [default[0]]
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
     out = [default] + [(g, r, 1) for g in wgs for r in rows]
     out += [(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
-    return list(dict.fromkeys(full_shape(s)[:3] + default[3:] for s in out))
+    most = _row_chunks(ws)
+    out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
+    for steps in (1, 2):
+        g = max(sgs, -(-most // steps // sgs) * sgs)       # lanes: a multiple of the subgroup
+        if g > lim:
+            continue
+        for r in (1, 2, 4):
+            for groups in (2, 4, 8):
+                s = (g, r, steps, groups)
+                if hoist_ok(dev, ws, s, glu) and out_rows >= 256 * r * groups:
+                    out.append(s)
+    return list(dict.fromkeys(full_shape(s)[:4] + default[4:] for s in out))
 
 
 def x24_refine(shape) -> list:
     """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)."""
-    return [tuple(shape[:3]) + (0,)] if shape[3] else []
+    return [tuple(shape[:4]) + (0,)] if shape[4] else []
 
 
 def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
@@ -165,10 +195,16 @@ def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable,
     weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged for it."""
     default = gemv_shape(dev, ws[0], glu) + (int(x24_ok(ws)),)
     tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, x24_refine)
-    wg, nrows, steps, x24 = full_shape(shape or dev.tuned.get(key) or default)
+    shape = full_shape(shape or dev.tuned.get(key) or default)
+    wg, nrows, steps, groups, x24 = shape
+    if groups > 1 and not hoist_ok(dev, ws, shape, glu):
+        raise ValueError(f"GEMV shape {shape} for {key}: row groups need the {wg} x {steps} lane steps to cover "
+                         f"a row's {_row_chunks(ws)} chunks, a lane per row ({groups} x {nrows}) and the "
+                         f"partial sums to fit workgroup memory")
     x24 = bool(x24) and x24_ok(ws)          # a cached x24 shape under SHADERLM_NO_X24 builds f32
     int8 = all(w.int8_x for w in ws)
-    return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, INT_DOT=int8 or x24, X24=x24)
+    return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, GROUPS=groups, HOIST=groups > 1,
+                      INT_DOT=int8 or x24, X24=x24)
 
 
 def _gemv_defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
@@ -180,7 +216,7 @@ def _gemv_defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> d
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
-    `shape` (workgroup size, rows per workgroup[, chunk steps per trip[, x24]]): default the adapter's
+    `shape` (workgroup size, rows per group[, chunk steps per trip[, row groups[, x24]]]): default the adapter's
     tuned one, else gemv_shape. x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32).
     With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
@@ -194,7 +230,7 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
         pipe = dev.pipeline("gemv", **_gemv_defines(w, c, rows, row0 + c.row0, y_stride=y_stride, eps=eps), **sd,
                             BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
                             ACT_GELU=gelu)
-        gx, gy, _ = grid_1d(dev, cdiv(rows, sd["ROWS"]))
+        gx, gy, _ = grid_1d(dev, cdiv(rows, sd["ROWS"] * sd["GROUPS"]))
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
                             lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
                             bytes=c.buffer.size, tune=tune))
@@ -218,8 +254,8 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) ->
     pipe = dev.pipeline("gemv", **_gemv_defines(wa, ca, wa.rows, 0, y_stride=y_stride, eps=eps), **sd,
                         DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
                         NORM=norm is not None)
-    nrows = sd["ROWS"]
-    gx, gy, _ = grid_1d(dev, cdiv(wa.rows, nrows) + cdiv(wb.rows, nrows))
+    per = sd["ROWS"] * sd["GROUPS"]          # rows per workgroup
+    gx, gy, _ = grid_1d(dev, cdiv(wa.rows, per) + cdiv(wb.rows, per))
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
                      label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size,
