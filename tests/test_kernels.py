@@ -775,6 +775,31 @@ def test_gemv_row_groups(dev, case):
         assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
 
 
+def test_gemv_row_groups_need_one_trip(dev):
+    """A row-group shape whose lanes do not cover a row's chunks in one trip is refused, by name."""
+    c = gemv_case(dev, "Q8_0 1024", 5)                    # 32 chunks a row
+    with pytest.raises(ValueError, match="cover a row's 32 chunks"):
+        c.ds[0].tune.rebuild((16, 2, 1, 4, 0))
+
+
+def test_gemv_row_group_candidates(dev):
+    """The tuner offers row-group shapes for large matrices (8B-like gate+up, down and the Q4_K+Q6_K
+    pair), each one that gemv.wgsl can build (hoist_ok), and none where they would leave under 256
+    workgroups."""
+    def weight(name, rows, cols):
+        qt = next(q for q in QUANT_TYPES.values() if q.name == name)
+        return SimpleNamespace(qtype=qt, rows=rows, cols=cols, int8_x=False)
+    for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
+                    ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
+                    ([weight("Q4_K", 500, 4096)], False)):
+        default = ops.gemv_shape(dev, ws[0], glu) + (1,)
+        grouped = [s for s in ops.gemv_candidates(dev, ws, glu, default) if s[3] > 1]
+        out_rows = sum(w.rows // (1 + glu) for w in ws)
+        assert bool(grouped) == (out_rows >= 512), (ws[0].rows, grouped)
+        for s in grouped:
+            assert ops.hoist_ok(dev, ws, s) and out_rows >= 256 * s[1] * s[3], s
+
+
 def x24_edit(x):
     """Runs of 16 that a fixed-point x must handle: zeros, near the f32 normal floor, and one whose
     largest element is 2^15 times the rest (a 16-bit fixed point would lose those)."""

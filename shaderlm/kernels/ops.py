@@ -144,7 +144,7 @@ def _row_chunks(ws) -> int:
     return max(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
 
 
-def hoist_ok(dev, ws, shape, glu: bool) -> bool:
+def hoist_ok(dev, ws, shape) -> bool:
     """gemv.wgsl can run `shape` with several row groups per workgroup (HOIST): one trip covers every
     chunk of a row, and the partial sums fit the adapter's workgroup memory."""
     wg, rows, steps, groups, _ = full_shape(shape)
@@ -179,7 +179,7 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
         for r in (1, 2, 4):
             for groups in (2, 4, 8):
                 s = (g, r, steps, groups)
-                if hoist_ok(dev, ws, s, glu) and out_rows >= 256 * r * groups:
+                if hoist_ok(dev, ws, s) and out_rows >= 256 * r * groups:
                     out.append(s)
     return list(dict.fromkeys(full_shape(s)[:4] + default[4:] for s in out))
 
@@ -197,7 +197,7 @@ def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable,
     tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, x24_refine)
     shape = full_shape(shape or dev.tuned.get(key) or default)
     wg, nrows, steps, groups, x24 = shape
-    if groups > 1 and not hoist_ok(dev, ws, shape, glu):
+    if groups > 1 and not hoist_ok(dev, ws, shape):
         raise ValueError(f"GEMV shape {shape} for {key}: row groups need the {wg} x {steps} lane steps to cover "
                          f"a row's {_row_chunks(ws)} chunks, a lane per row ({groups} x {nrows}) and the "
                          f"partial sums to fit workgroup memory")
