@@ -15,16 +15,15 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     let chunks = bpr * CPB;
     let last = p.rows - 1u;       // rows past the end recompute the last row (result unused)
 #if HOIST
-    // a step past the row's end loads the last chunk again, with x read as zeros (x_on): it adds 0
+    // HOIST: each lane's x chunks (those of its one trip below) converted once, before the groups;
+    // a step past the row's end reads x as zeros (x_on)
 #unroll STEPS u
-    let c$u = min(li + $uu * {{WG}}u, chunks - 1u);
-    let b$u = c$u / CPB;
-    let cc$u = c$u % CPB;
+    let hc$u = min(li + $uu * {{WG}}u, chunks - 1u);
     x_on = select(0.0, 1.0, li + $uu * {{WG}}u < chunks);
 #if INT_DOT
-    let xs$u = x_quant(x_chunk(xrow, b$u, cc$u));    // x as integer digits (x24, or int8)
+    let xs$u = x_quant(x_chunk(xrow, hc$u / CPB, hc$u % CPB));
 #else
-    let xs$u = x_chunk(xrow, b$u, cc$u);
+    let xs$u = x_chunk(xrow, hc$u / CPB, hc$u % CPB);
 #endif
 #end
 #endif
@@ -38,28 +37,10 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     let ublk$i = (min(rbase + $iu, last) + p.rows) * bpr;
 #endif
 #end
-#if HOIST
-#unroll STEPS u
-#unroll ROWS
-    let cw$u_$i = chunk_load(blk$i + b$u, cc$u);
-#if GLU
-    let cu$u_$i = chunk_load(ublk$i + b$u, cc$u);
-#endif
-#end
-#end
-#unroll STEPS u
-#unroll ROWS
-    acc$i += chunk_dot(cw$u_$i, cc$u, xs$u);
-#if GLU
-    up$i += chunk_dot(cu$u_$i, cc$u, xs$u);
-#endif
-#end
-#end
-#else
-    // STEPS chunk steps per trip (strided by the workgroup): every weight load of all of them is
-    // issued before any arithmetic, so STEPS x ROWS loads per lane are in flight together whatever the
-    // compiler's scheduling. A step past the row's end (when STEPS x WG does not divide the chunks)
-    // loads the last chunk again and adds nothing.
+    // STEPS chunk steps per trip (strided by the workgroup; one trip with HOIST): every weight load
+    // of all of them is issued before any arithmetic, so STEPS x ROWS loads per lane are in flight
+    // together whatever the compiler's scheduling. A step past the row's end (when STEPS x WG does
+    // not divide the chunks) loads the last chunk again and adds nothing.
     for (var c0 = li; c0 < chunks; c0 += {{WG}}u * {{STEPS}}u) {
 #unroll STEPS u
         let c$u = min(c0 + $uu * {{WG}}u, chunks - 1u);
@@ -72,13 +53,18 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
 #endif
 #end
 #end
-        // then each step's x (from L1/L2: loaded late, to keep its registers short-lived) and dots
+        // then each step's x (converted above with HOIST; else from L1/L2, loaded late to keep its
+        // registers short-lived, and converted for these ROWS rows) and dots
 #unroll STEPS u
         if (c0 + $uu * {{WG}}u < chunks) {
+#if HOIST
+            let xs = xs$u;
+#else
 #if INT_DOT
             let xs = x_quant(x_chunk(xrow, b$u, cc$u));   // x as integer digits (x24, or int8)
 #else
             let xs = x_chunk(xrow, b$u, cc$u);
+#endif
 #endif
 #unroll ROWS
             acc$i += chunk_dot(cw$u_$i, cc$u, xs);
@@ -89,7 +75,6 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
         }
 #end
     }
-#endif
     // each row's partial sums into part (the workgroup's row rr at part[rr * NPART]: one per
     // subgroup, the up rows' from NPART / 2)
     let r0 = gi * {{ROWS}}u;
