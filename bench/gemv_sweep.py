@@ -7,7 +7,7 @@ Each case uploads enough copies of a random matrix (valid blocks, synth.py's gen
 over them is several times the GPU's L2, runs them as a chain of dispatches in one compute pass
 (each writes the same output buffer, so each waits for the last, as in a decode step), and times
 the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves). Variants: `old` (matmul.wgsl), `auto` (gemv.wgsl with ops.gemv_shape),
-`WGxROWS[xSTEPS]` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
+`WGxROWS[xSTEPS[xGROUPS]]` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
 experiment behind an #if; `+INT8_X` flags the weights for int8 x, as --int8-act does; `+X24` takes x
 as 24-bit fixed point, the default in models; without it the variant has f32 x). Output: a table, and the max relative difference from `old`.
 """

@@ -108,8 +108,7 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
     env = os.environ.get("SHADERLM_GEMV", "auto")
     if env not in ("auto", "old"):
         return full_shape(tuple(int(v) for v in env.split(",")))[:4]
-    block, per_block, load = w.qtype.wide
-    chunks = w.cols // block * per_block
+    chunks, load = gemv_chunks(w), w.qtype.wide[2]
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     wg = 32
     while wg * 2 <= min(chunks, 128, lim):
@@ -139,9 +138,10 @@ def x24_ok(ws) -> bool:
     return all(w.qtype.int8_dot and not w.int8_x for w in ws) and not os.environ.get("SHADERLM_NO_X24")
 
 
-def _row_chunks(ws) -> int:
-    """The most chunks a row of any of `ws` has (a lane's x chunks are fixed when WG x STEPS covers them)."""
-    return max(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
+def gemv_chunks(w) -> int:
+    """The decode GEMV's chunks (one lane's share of a wide block at a time) in a row of `w`."""
+    block, per_block, _ = w.qtype.wide
+    return w.cols // block * per_block
 
 
 def hoist_ok(dev, ws, shape) -> bool:
@@ -149,7 +149,7 @@ def hoist_ok(dev, ws, shape) -> bool:
     chunk of a row, and the partial sums fit the adapter's workgroup memory."""
     wg, rows, steps, groups, _ = full_shape(shape)
     part = groups * rows * wg // 2 + 2 * wg          # floats: part, norm_part and the reduction buffer
-    return (wg * steps >= _row_chunks(ws) and groups * rows <= wg
+    return (wg * steps >= max(map(gemv_chunks, ws)) and groups * rows <= wg
             and 4 * part <= int(dev.limits.get("max-compute-workgroup-storage-size", 16384)))
 
 
@@ -163,14 +163,14 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2 or
     4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups.
     All in the default's x mode (the best one's f32 twin is tried after: x24_refine)."""
-    chunks = min(w.cols // w.qtype.wide[0] * w.qtype.wide[1] for w in ws)
+    chunks = min(map(gemv_chunks, ws))
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     sgs = max(32, dev.subgroup_size or 1)
     wgs = [g for g in (32, 64, 128, 256) if sgs <= g <= min(lim, 2 * chunks)] or [default[0]]
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
     out = [default] + [(g, r, 1) for g in wgs for r in rows]
     out += [(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
-    most = _row_chunks(ws)
+    most = max(map(gemv_chunks, ws))
     out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
     for steps in (1, 2):
         g = max(sgs, -(-most // steps // sgs) * sgs)       # lanes: a multiple of the subgroup
@@ -199,7 +199,7 @@ def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable,
     wg, nrows, steps, groups, x24 = shape
     if groups > 1 and not hoist_ok(dev, ws, shape):
         raise ValueError(f"GEMV shape {shape} for {key}: row groups need the {wg} x {steps} lane steps to cover "
-                         f"a row's {_row_chunks(ws)} chunks, a lane per row ({groups} x {nrows}) and the "
+                         f"a row's {max(map(gemv_chunks, ws))} chunks, a lane per row ({groups} x {nrows}) and the "
                          f"partial sums to fit workgroup memory")
     x24 = bool(x24) and x24_ok(ws)          # a cached x24 shape under SHADERLM_NO_X24 builds f32
     int8 = all(w.int8_x for w in ws)
