@@ -744,14 +744,19 @@ def test_gemv_every_tuned_shape(dev, case):
     rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
     c = gemv_case(dev, case, len(case))
     tune = c.ds[0].tune
-    xin = gemv_input(c)
-    ref, tol = gemv_ref(c, xin, lambda Wp: 2 * MM_RTOL * (np.abs(xin) @ np.abs(Wp).T), act_rtol=1e-5)
     shapes = tune.candidates()
     assert len(shapes) >= 4 and len(set(shapes)) == len(shapes)
     shapes += [r for s in shapes for r in tune.refine(s)]      # and what the tuner tries after
+    assert_shapes(dev, c, shapes, case)
+
+
+def assert_shapes(dev, c, shapes, case):
+    """gemv_case `c` rebuilt in each shape computes its float64 result within the f32 tolerance."""
+    xin = gemv_input(c)
+    ref, tol = gemv_ref(c, xin, lambda Wp: 2 * MM_RTOL * (np.abs(xin) @ np.abs(Wp).T), act_rtol=1e-5)
     for shape in shapes:
         dev.write(c.yb, poisoned((1, c.out_rows)))
-        run(dev, tune.rebuild(shape), 1)
+        run(dev, c.ds[0].tune.rebuild(shape), 1)
         assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
 
 
@@ -763,16 +768,9 @@ def test_gemv_row_groups(dev, case):
     lanes past a row's chunks (Q4_K 512: 16 chunks on 32 lanes; Q4_0 1056: 33 chunks in 2 steps), a
     fused GLU + norm and the Q4_K + Q6_K pair."""
     c = gemv_case(dev, case, len(case) * 3)
-    tune = c.ds[0].tune
-    xin = gemv_input(c)
-    ref, tol = gemv_ref(c, xin, lambda Wp: 2 * MM_RTOL * (np.abs(xin) @ np.abs(Wp).T), act_rtol=1e-5)
     lanes = max(32, dev.subgroup_size or 1)
-    shapes = [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24)
-              for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8)) for x24 in (0, 1)]
-    for shape in shapes:
-        dev.write(c.yb, poisoned((1, c.out_rows)))
-        run(dev, tune.rebuild(shape), 1)
-        assert_close(read_f32(dev, c.yb, (1, c.out_rows)), ref, tol, f"{case} shape {shape}")
+    assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24)
+                           for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8)) for x24 in (0, 1)], case)
 
 
 def test_gemv_row_groups_need_one_trip(dev):
@@ -787,8 +785,7 @@ def test_gemv_row_group_candidates(dev):
     pair), each one that gemv.wgsl can build (hoist_ok), and none where they would leave under 256
     workgroups."""
     def weight(name, rows, cols):
-        qt = next(q for q in QUANT_TYPES.values() if q.name == name)
-        return SimpleNamespace(qtype=qt, rows=rows, cols=cols, int8_x=False)
+        return SimpleNamespace(qtype=QUANT_TYPES[name], rows=rows, cols=cols, int8_x=False)
     for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
                     ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
                     ([weight("Q4_K", 500, 4096)], False)):
