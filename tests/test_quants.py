@@ -167,6 +167,32 @@ def test_gpu_layout_is_permutation(name):
         assert dbase * 4 == len(main) and len(main) % 4 == 0
 
 
+@pytest.mark.parametrize("name", ["Q4_K", "Q5_K"])
+def test_k4_header_regrouped(dev, name):
+    """After upload, each Q4_K / Q5_K block header holds, where quant_common.wgsl's k4_pair and k4_dmin
+    read them, the scales and mins gguf-py unpacks and the bits of d and dmin; the rest of the
+    block is untouched. Split over several bindings, so every chunk's blocks are regrouped once."""
+    q = QUANT_TYPES[name]
+    rows, cols = 40, 512
+    raw = np.random.default_rng(5).integers(0, 256, rows * q.row_bytes(cols), dtype=np.uint8)
+    raw[:16] = 255                                           # every bit set, and
+    raw[q.block_bytes:q.block_bytes + 16] = 0                # none
+    wt = upload_weight(dev, "w", name, (rows, cols), raw, max_binding=q.row_bytes(cols) * 9)
+    assert len(wt.chunks) == 5
+    got = np.concatenate([dev.read(c.buffer, np.uint8)[:c.rows * q.row_bytes(cols)] for c in wt.chunks])
+    blocks, gblocks = raw.reshape(-1, q.block_bytes), got.reshape(-1, q.block_bytes)
+    assert np.array_equal(gblocks[:, 16:], blocks[:, 16:])
+    words = gblocks[:, :16].copy().view("<u4").astype(np.int64)          # blocks x 4
+    sc, mn = gq.Q4_K.get_scale_min(blocks[:, 4:16].copy())
+    for p in range(4):
+        w = words[:, p]
+        assert np.array_equal(w & 63, sc[:, 2 * p]) and np.array_equal((w >> 8) & 63, sc[:, 2 * p + 1])
+        assert np.array_equal((w >> 16) & 63, mn[:, 2 * p]) and np.array_equal((w >> 24) & 63, mn[:, 2 * p + 1])
+    dm = (((words[:, 0] >> 6) & 0x03030303) | ((words[:, 1] >> 4) & 0x0C0C0C0C)
+          | ((words[:, 2] >> 2) & 0x30303030) | (words[:, 3] & 0xC0C0C0C0))
+    assert np.array_equal(dm, blocks[:, :4].copy().view("<u4")[:, 0])
+
+
 def test_block_constants_match_layout():
     """QK / QW in each decoder agree with the types table and gpu_layout."""
     for name in ALL:

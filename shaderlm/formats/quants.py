@@ -6,7 +6,8 @@ blocks, so that the rest of every block starts on a word, and on 16 bytes wherev
 for the decode GEMV's vec4<u32> loads; no byte is added:
     [block 0 minus field][block 1 minus field]...[field 0][field 1]...
 The WGSL decoders in kernels/quant/ read this layout; `dbase` (a kernel parameter) is the word
-where the field array starts.
+where the field array starts. Q4_K and Q5_K blocks also have their 16-byte header's bits regrouped
+(`k4_header`), on the GPU right after upload (kernels/k4_regroup.wgsl), again adding no byte.
 """
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ class QuantType:
     # (elements per wide block, chunks per wide block, bytes one lane's chunk_load reads), or None
     wide: tuple | None = None
     int8_dot: bool = False    # the decoder has integer dots over x as digits: x24 (default) or int8 (opt-in)
+    k4_header: bool = False   # the block header's d, dmin and 6-bit scales are regrouped on the GPU
 
     @property
     def kernel(self) -> str:
@@ -50,8 +52,8 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True),       # d, m         -> 16
     QuantType("Q5_0", 32, 22, (0, 2)),                                        # d            -> 20 (word aligned only)
     QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24)),                      # d, m, qh     -> 16
-    QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True),      # 144 = 9 x 16 already
-    QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48)),                     # 176 = 11 x 16
+    QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True),   # 144 = 9 x 16
+    QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48), k4_header=True),                  # 176 = 11 x 16
     QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True),  # d            -> 208 = 13 x 16
 ]}
 

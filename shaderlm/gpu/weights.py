@@ -47,7 +47,11 @@ def upload_weight(dev, name: str, type_name: str, shape, raw: np.ndarray, max_bi
     raw2 = raw.reshape(rows, row_bytes)
     for r0, n in row_chunks(rows, row_bytes, max_binding or dev.max_binding):
         data, dbase = gpu_layout(q, raw2[r0:r0 + n])
-        w.chunks.append(WeightChunk(dev.upload(data, label=f"{name}[{r0}:{r0 + n}]"), r0, n, dbase))
+        buf = dev.upload(data, label=f"{name}[{r0}:{r0 + n}]")
+        if q.k4_header:
+            from ..kernels.ops import k4_regroup
+            k4_regroup(dev, buf, n * row_bytes // q.block_bytes, q.block_bytes // 4)
+        w.chunks.append(WeightChunk(buf, r0, n, dbase))
         w.nbytes += data.nbytes
     return w
 

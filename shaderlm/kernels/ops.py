@@ -47,6 +47,21 @@ def dequantize(dev, weight) -> np.ndarray:
     return out
 
 
+def k4_regroup(dev, buf, blocks: int, block_words: int):
+    """Regroup the headers of the first `blocks` Q4_K / Q5_K blocks (block_words words each) of `buf`
+    in place, as the decoders read them (k4_regroup.wgsl); once, at upload."""
+    pipe = dev.pipeline("k4_regroup")
+    grid = grid_1d(dev, cdiv(blocks, 256))
+    bg = dev.bind_group(pipe, [dev.uniform(blocks, block_words, grid[0] * 256, 0), buf])
+    enc = dev.encoder()
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    cp.set_bind_group(0, bg)
+    cp.dispatch_workgroups(*grid)
+    cp.end()
+    dev.submit([enc.finish()])
+
+
 # ---- forward-pass ops ----------------------------------------------------------------------------
 # Every op takes the shared `st` state buffer (State in state.wgsl: pos, n, tok, out_row0).
 
