@@ -174,17 +174,20 @@ class Device:
     def encoder(self):
         return self.device.create_command_encoder()
 
-    def _probe_subgroup_size(self) -> int:
-        pipe = self.pipeline("probe_subgroup")
-        out = self.buffer(16)
-        bg = self.bind_group(pipe, [out])
+    def run_once(self, pipeline, resources, grid):
+        """One dispatch of `pipeline` over `resources` (as bind_group takes them), submitted now: for
+        one-off work outside the plans (probes, upload-time layout passes, test tools)."""
         enc = self.encoder()
         cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, bg)
-        cp.dispatch_workgroups(1)
+        cp.set_pipeline(pipeline)
+        cp.set_bind_group(0, self.bind_group(pipeline, resources))
+        cp.dispatch_workgroups(*grid)
         cp.end()
         self.submit([enc.finish()])
+
+    def _probe_subgroup_size(self) -> int:
+        out = self.buffer(16)
+        self.run_once(self.pipeline("probe_subgroup"), [out], (1, 1, 1))
         return int(self.read(out, np.uint32)[0])
 
 

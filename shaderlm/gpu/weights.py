@@ -7,6 +7,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from ..formats.quants import QuantType, gpu_layout, quant_type, row_chunks
+from ..kernels.ops import k4_regroup
 
 
 @dataclass
@@ -49,7 +50,6 @@ def upload_weight(dev, name: str, type_name: str, shape, raw: np.ndarray, max_bi
         data, dbase = gpu_layout(q, raw2[r0:r0 + n])
         buf = dev.upload(data, label=f"{name}[{r0}:{r0 + n}]")
         if q.k4_header:
-            from ..kernels.ops import k4_regroup
             k4_regroup(dev, buf, n * row_bytes // q.block_bytes, q.block_bytes // 4)
         w.chunks.append(WeightChunk(buf, r0, n, dbase))
         w.nbytes += data.nbytes

@@ -34,15 +34,8 @@ def dequantize(dev, weight) -> np.ndarray:
     out = np.empty((weight.rows, weight.cols), np.float32)
     for c in weight.chunks:
         obuf = dev.buffer(c.rows * weight.cols * 4)
-        bg = dev.bind_group(pipe, [dev.uniform(weight.cols, c.rows, c.dbase, 0), c.buffer, obuf])
-        groups = cdiv(c.rows * weight.cols // 8, 256)
-        enc = dev.encoder()
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        cp.set_bind_group(0, bg)
-        cp.dispatch_workgroups(*grid_1d(dev, groups))
-        cp.end()
-        dev.submit([enc.finish()])
+        dev.run_once(pipe, [dev.uniform(weight.cols, c.rows, c.dbase, 0), c.buffer, obuf],
+                     grid_1d(dev, cdiv(c.rows * weight.cols // 8, 256)))
         out[c.row0:c.row0 + c.rows] = dev.read(obuf, np.float32).reshape(c.rows, weight.cols)
     return out
 
@@ -50,16 +43,8 @@ def dequantize(dev, weight) -> np.ndarray:
 def k4_regroup(dev, buf, blocks: int, block_words: int):
     """Regroup the headers of the first `blocks` Q4_K / Q5_K blocks (block_words words each) of `buf`
     in place, as the decoders read them (k4_regroup.wgsl); once, at upload."""
-    pipe = dev.pipeline("k4_regroup")
     grid = grid_1d(dev, cdiv(blocks, 256))
-    bg = dev.bind_group(pipe, [dev.uniform(blocks, block_words, grid[0] * 256, 0), buf])
-    enc = dev.encoder()
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    cp.set_bind_group(0, bg)
-    cp.dispatch_workgroups(*grid)
-    cp.end()
-    dev.submit([enc.finish()])
+    dev.run_once(dev.pipeline("k4_regroup"), [dev.uniform(blocks, block_words, grid[0] * 256, 0), buf], grid)
 
 
 # ---- forward-pass ops ----------------------------------------------------------------------------

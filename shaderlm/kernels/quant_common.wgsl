@@ -141,7 +141,7 @@ fn split_d(blk: u32) -> f32 {
 }
 
 
-// Q4_K / Q5_K block header h (its first 16 bytes) as formats/quants.py k4_header regroups it: word p
+// Q4_K / Q5_K block header h (its first 16 bytes) as k4_regroup.wgsl regroups it at upload: word p
 // (0..3) holds sub-blocks 2p and 2p+1, bytes (sc[2p], sc[2p+1], mn[2p], mn[2p+1]) in their low 6 bits;
 // the bytes' top 2 bits carry d | dmin << 16 (bits 8j + 2p, +1 in byte j of word p).
 fn k4_dmin(h: vec4<u32>) -> vec2<f32> {
