@@ -863,3 +863,35 @@ def test_gemv_int8_x(dev, case):
     # and the rounding is what the kernel did: the exact-x result is measurably further away
     exact, _ = gemv_ref(c, gemv_input(c), lambda Wp: 0.0)
     assert np.abs(got - exact).max() > 10 * np.abs(got - ref).max(), case
+
+
+# ---- submission and readback ---------------------------------------------------------------------
+@pytest.mark.parametrize("indexed", [True, False])
+def test_read_after_submission(indexed):
+    """Device.read_after returns what its submission copied into a staging buffer, with later
+    submissions still queued (by index through wgpu-native, else map_sync), in any order of reads."""
+    from shaderlm.gpu.backend import BufferUsage
+    dev = Device()
+    if not indexed:
+        dev.indexed = None
+    elif dev.indexed is None:
+        pytest.skip("this WebGPU package has no indexed submission")
+    rng = np.random.default_rng(5)
+    blocks = [rng.integers(0, 2**32, 64, dtype=np.uint32) for _ in range(4)]
+    src = [dev.upload(b) for b in blocks]
+    staging = [dev.device.create_buffer(size=256, usage=BufferUsage.MAP_READ | BufferUsage.COPY_DST)
+               for _ in blocks]
+    index = []
+    for s, t in zip(src, staging):
+        enc = dev.encoder()
+        enc.copy_buffer_to_buffer(s, 0, t, 0, 256)
+        index.append(dev.submit([enc.finish()]))
+    assert all(isinstance(i, int) for i in index) == indexed
+    for i in (2, 0, 3, 1):
+        got = np.frombuffer(dev.read_after(staging[i], index[i], 256), np.uint32)
+        np.testing.assert_array_equal(got, blocks[i])
+    # a buffer maps again after its read (the next batch reuses it)
+    enc = dev.encoder()
+    enc.copy_buffer_to_buffer(src[3], 0, staging[0], 0, 256)
+    np.testing.assert_array_equal(np.frombuffer(dev.read_after(staging[0], dev.submit([enc.finish()]), 256),
+                                                np.uint32), blocks[3])

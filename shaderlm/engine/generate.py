@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ContextFullError
-from ..gpu.backend import BufferUsage, MapMode
+from ..gpu.backend import BufferUsage
 from ..kernels import ops
 
 
@@ -187,18 +187,15 @@ class Generator:
                 # a batch feeding the token at q samples q+1 .. q+k (k <= ctx - q: cache slots)
                 while len(inflight) < self.depth and end < min(last, self.ctx):
                     ahead = ahead or encode_next()
-                    self.dev.submit([ahead[2]])
+                    inflight.append(ahead + (self.dev.submit([ahead[2]]),))
                     st.submits += 1
-                    inflight.append(ahead)
                     end += ahead[1]
                     ahead = None
                 # while the GPU runs them, encode the next
                 if end < min(last, self.ctx):
                     ahead = encode_next()
-                q, k, _, staging = inflight.popleft()
-                staging.map_sync(MapMode.READ, 0, 4 * k)
-                pending = np.frombuffer(staging.read_mapped(0, 4 * k), np.uint32).tolist()
-                staging.unmap()
+                q, k, _, staging, index = inflight.popleft()
+                pending = np.frombuffer(self.dev.read_after(staging, index, 4 * k), np.uint32).tolist()
                 st.decode_tokens += k
                 pos = q + k
                 st.decode_s = time.perf_counter() - t1

@@ -25,3 +25,58 @@ def raw_compute_calls():
         return None
     return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
+
+
+
+class IndexedSubmission:
+    """Submit and read back by submission index, through wgpu-native's C API.
+
+    wgpu-py's map_sync has its poll thread wait (wgpuDevicePoll with no index) until *every* queued
+    submission is done, and a submit made meanwhile waited for it too: a decode loop that kept two
+    batches queued drained the queue once a batch. Here the map callback is fired by this thread's
+    own poll for the one submission that wrote the buffer, so the batch behind it keeps running."""
+
+    def __init__(self, device, ffi, lib, libf):
+        self._ffi, self._lib, self._libf = ffi, lib, libf
+        self._queue, self._dev = device.queue._internal, device._internal
+
+    def submit(self, command_buffers) -> int:
+        handles = self._ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
+        return self._libf.wgpuQueueSubmitForIndex(self._queue, len(command_buffers), handles)
+
+    def wait(self, index: int):
+        self._libf.wgpuDevicePoll(self._dev, True, self._ffi.new("WGPUSubmissionIndex *", index))
+
+    def read(self, buffer, index: int, size: int) -> bytes:
+        """`size` bytes of a MAP_READ buffer that submission `index` wrote (mapped, copied, unmapped)."""
+        ffi, lib, libf = self._ffi, self._lib, self._libf
+        status = []
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(st, _message, _u1, _u2):
+            status.append(st)
+        info = ffi.new("WGPUBufferMapCallbackInfo *")
+        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        info.callback = mapped
+        libf.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, info[0])
+        for _ in range(1000):
+            if status:
+                break
+            self.wait(index)
+        if status != [lib.WGPUMapAsyncStatus_Success]:
+            raise RuntimeError(f"could not map the readback buffer (status {status})")
+        data = bytes(ffi.buffer(libf.wgpuBufferGetConstMappedRange(buffer._internal, 0, size), size))
+        libf.wgpuBufferUnmap(buffer._internal)
+        return data
+
+
+def indexed_submission(device):
+    """An IndexedSubmission for wgpu-native devices; None for other WebGPU packages (which use the
+    plain submit and map_sync)."""
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, lib, libf
+    except Exception:  # noqa: BLE001
+        return None
+    if wgpu.__name__ != "wgpu":
+        return None
+    return IndexedSubmission(device, ffi, lib, libf)

@@ -12,7 +12,7 @@ os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI co
 from ..errors import DeviceError  # noqa: E402
 from ..kernels import load_wgsl  # noqa: E402
 from . import autotune  # noqa: E402
-from .backend import BufferUsage, MapMode, wgpu  # noqa: E402
+from .backend import BufferUsage, MapMode, indexed_submission, wgpu  # noqa: E402
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
 UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
@@ -81,6 +81,7 @@ class Device:
         except Exception as e:  # noqa: BLE001
             raise DeviceError(f"could not open {self.name}: {e}") from None
         self.queue = self.device.queue
+        self.indexed = indexed_submission(self.device)
         self.features = set(self.device.features)
         self.limits = dict(self.device.limits)
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
@@ -169,7 +170,21 @@ class Device:
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
     def submit(self, command_buffers):
+        """Submit; returns the submission's index for read_after() where the backend has one."""
+        if self.indexed:
+            return self.indexed.submit(command_buffers)
         self.queue.submit(command_buffers)
+        return None
+
+    def read_after(self, staging, index, size: int) -> bytes:
+        """`size` bytes of the MAP_READ buffer `staging` once submission `index` has written it,
+        without waiting for later submissions where the backend allows (see backend.py)."""
+        if self.indexed and index is not None:
+            return self.indexed.read(staging, index, size)
+        staging.map_sync(MapMode.READ, 0, size)
+        data = bytes(staging.read_mapped(0, size))
+        staging.unmap()
+        return data
 
     def encoder(self):
         return self.device.create_command_encoder()
