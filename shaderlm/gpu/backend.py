@@ -27,14 +27,14 @@ def raw_compute_calls():
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
 
-
 class IndexedSubmission:
     """Submit and read back by submission index, through wgpu-native's C API.
 
-    wgpu-py's map_sync has its poll thread wait (wgpuDevicePoll with no index) until *every* queued
-    submission is done, and a submit made meanwhile waited for it too: a decode loop that kept two
-    batches queued drained the queue once a batch. Here the map callback is fired by this thread's
-    own poll for the one submission that wrote the buffer, so the batch behind it keeps running."""
+    wgpu-py's map_sync resolves through its poll thread, which waits (wgpuDevicePoll with no index)
+    until *every* queued submission is done: the decode loop, mapping the oldest of two queued
+    batches, waited for both and left the GPU idle until its next submit (2-4% of decode on an H200,
+    bench/decode_loop.py). Here this thread maps the buffer and fires the callback by polling for the
+    one submission that wrote it, so the batch behind that one keeps running."""
 
     def __init__(self, device, ffi, lib, libf):
         self._ffi, self._lib, self._libf = ffi, lib, libf
@@ -59,7 +59,7 @@ class IndexedSubmission:
         info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         info.callback = mapped
         libf.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, info[0])
-        for _ in range(1000):
+        for _ in range(1000):       # the first poll for a done submission fires it; more are a guard
             if status:
                 break
             self.wait(index)
