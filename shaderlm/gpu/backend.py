@@ -39,36 +39,37 @@ class IndexedSubmission:
     def __init__(self, device, ffi, lib, libf):
         self._ffi, self._lib, self._libf = ffi, lib, libf
         self._queue, self._dev = device.queue._internal, device._internal
+        # made once: an ffi.callback allocates executable memory, too much to make per decode batch
+        self._status = []
+
+        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
+        def mapped(st, _message, _u1, _u2):
+            self._status.append(st)
+        self._on_mapped = mapped
+        self._map_info = ffi.new("WGPUBufferMapCallbackInfo *")
+        self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
+        self._map_info.callback = mapped
+        self._index = ffi.new("WGPUSubmissionIndex *")
 
     def submit(self, command_buffers) -> int:
         handles = self._ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
         return self._libf.wgpuQueueSubmitForIndex(self._queue, len(command_buffers), handles)
 
-    def wait(self, index: int):
-        self._libf.wgpuDevicePoll(self._dev, True, self._ffi.new("WGPUSubmissionIndex *", index))
-
     def read(self, buffer, index: int, size: int) -> bytes:
         """`size` bytes of a MAP_READ buffer that submission `index` wrote (mapped, copied, unmapped)."""
-        ffi, lib, libf = self._ffi, self._lib, self._libf
-        status = []
-
-        @ffi.callback("void(WGPUMapAsyncStatus, WGPUStringView, void *, void *)")
-        def mapped(st, _message, _u1, _u2):
-            status.append(st)
-        info = ffi.new("WGPUBufferMapCallbackInfo *")
-        info.mode = lib.WGPUCallbackMode_AllowProcessEvents
-        info.callback = mapped
-        libf.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, info[0])
+        ffi, lib, libf, status = self._ffi, self._lib, self._libf, self._status
+        status.clear()
+        libf.wgpuBufferMapAsync(buffer._internal, lib.WGPUMapMode_Read, 0, size, self._map_info[0])
+        self._index[0] = index
         for _ in range(1000):       # the first poll for a done submission fires it; more are a guard
             if status:
                 break
-            self.wait(index)
+            libf.wgpuDevicePoll(self._dev, True, self._index)
         if status != [lib.WGPUMapAsyncStatus_Success]:
             raise RuntimeError(f"could not map the readback buffer (status {status})")
         data = bytes(ffi.buffer(libf.wgpuBufferGetConstMappedRange(buffer._internal, 0, size), size))
         libf.wgpuBufferUnmap(buffer._internal)
         return data
-
 
 def indexed_submission(device):
     """An IndexedSubmission for wgpu-native devices; None for other WebGPU packages (which use the
