@@ -520,7 +520,9 @@ TOK_POISON = 0xABCDEF01
 
 
 def sampler(dev, logits, *, temperature=0.0, top_k=0, top_p=1.0, seed=0, ntok=64):
-    lb = dev.upload(np.asarray(logits, np.float32))
+    # padded to whole vec4s (as the model's logits buffer is) with values that would win if read
+    lg = np.asarray(logits, np.float32)
+    lb = dev.upload(np.concatenate([lg, np.full(-len(lg) % 4, 1e30, np.float32)]))
     tb = dev.upload(np.full(ntok, TOK_POISON, np.uint32))
     params = dev.upload(pack_params(*ops.sample_params(len(logits), temperature, top_k, top_p, seed)),
                         usage=UNIFORM)
@@ -535,7 +537,7 @@ def draw(dev, logits, st_vals, *, repeat=1, ntok=64, **kw):
     return dev.read(tb, np.uint32)[:ntok], dev.read(st, np.uint32)[:4]
 
 
-@pytest.mark.parametrize("vocab", [1000, 7, 769])
+@pytest.mark.parametrize("vocab", [1000, 7, 769, 40001])     # 40001: several trips of the sampler's loads
 def test_sample_greedy(dev, vocab):
     rng = np.random.default_rng(vocab)
     logits = rng.standard_normal(vocab).astype(np.float32) * 3 - 20       # all negative
@@ -597,11 +599,22 @@ SAMPLE_CASES = {
 @pytest.mark.parametrize("case", list(SAMPLE_CASES))
 def test_sample_distribution(dev, case):
     """Every draw lies in the allowed set; frequencies match the restricted, renormalized softmax."""
-    temperature, top_k, top_p = SAMPLE_CASES[case]
-    logits, _ = designed_logits(seed=len(case))
-    keep, prob = kept_sets(logits, temperature, top_k, top_p)
     i = list(SAMPLE_CASES).index(case)
-    N, seeds = 400, (1 + 2 * i, 2 + 2 * i)                # two seeds, 200 positions each
+    check_draws(dev, case, designed_logits(seed=len(case))[0], *SAMPLE_CASES[case], seeds=(1 + 2 * i, 2 + 2 * i))
+
+
+def test_sample_distribution_large_vocab(dev):
+    """40001 logits: each thread's chunk of the draw spans several load batches; leaders sit at the
+    last id of a chunk (4 x 20 logits per thread at 512 threads) and at the last id."""
+    logits, ids = designed_logits(vocab=40001, seed=3)
+    for lead, at in zip(ids[:3], (4 * 20 * 3 - 1, 40000, 4 * 20 * 7 - 1)):     # the 3 largest moved there
+        logits[[lead, at]] = logits[[at, lead]]
+    check_draws(dev, "T1 large vocab", logits, 1.0, 0, 1.0, seeds=(7, 8))
+
+
+def check_draws(dev, case, logits, temperature, top_k, top_p, seeds):
+    keep, prob = kept_sets(logits, temperature, top_k, top_p)
+    N = 400                                               # 200 positions per seed
     per = N // len(seeds)
     counts = np.zeros(len(logits))
     for seed in seeds:
@@ -634,8 +647,10 @@ def test_sample_distribution(dev, case):
 def test_sample_topk_topp_random(dev):
     """Random (undesigned) logits: every draw inside the top-k set and inside the top-p nucleus."""
     rng = np.random.default_rng(5)
-    for trial, (top_k, top_p, T) in enumerate([(200, 0.8, 1.5), (40, 0.9, 1.0), (10, 0.5, 0.8)]):
-        logits = (rng.standard_normal(1000) * 2).astype(np.float32)
+    # 40001 logits: several trips of each pass's loads, and chunks longer than one load batch
+    for trial, (top_k, top_p, T, vocab) in enumerate([(200, 0.8, 1.5, 1000), (40, 0.9, 1.0, 1000),
+                                                       (10, 0.5, 0.8, 1000), (300, 0.95, 1.0, 40001)]):
+        logits = (rng.standard_normal(vocab) * 2).astype(np.float32)
         keep, _ = kept_sets(logits, T, top_k, top_p)
         toks, _ = draw(dev, logits, (3, 1, 0, 0), repeat=200, ntok=202, temperature=T, top_k=top_k,
                        top_p=top_p, seed=100 + trial)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..gpu.device import STORAGE, UNIFORM
+from ..gpu.device import STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
 from ..gpu.weights import GPUWeight, concat_rows, upload_weight
 from ..kernels import ops
@@ -105,7 +105,9 @@ class Transformer:
                                    f"this adapter's {dev.max_binding}-byte binding limit: use a smaller --ctx")
         self.k_cache = [dev.buffer(kv_bytes, label=f"k{i}") for i in range(c.n_layers)]
         self.v_cache = [dev.buffer(kv_bytes, label=f"v{i}") for i in range(c.n_layers)]
-        self.sample_params = dev.buffer(32, UNIFORM, "sample_params")
+        # greedy until a Generator sets its own: plans run before that (the tuner, bench/kernel_chain.py)
+        # then time the real sampler, not one over a vocabulary of 0 (which skipped its pass)
+        self.sample_params = dev.upload(pack_params(*ops.sample_params(c.vocab_size)), UNIFORM, "sample_params")
         self.inv_freq = dev.upload(self.rope_inv_freq().astype(np.float32), label="inv_freq")
 
     def rope_inv_freq(self, base: float | None = None, scale: float | None = None) -> np.ndarray:
