@@ -47,20 +47,42 @@ fn weight(v: vec4<f32>, ok: vec4<bool>, k: u32, m: f32) -> vec4<f32> {
     return select(vec4<f32>(0.0), exp((v - vec4<f32>(m)) / p.temperature), ok & (okey(v) >= vec4<u32>(k)));
 }
 
+// The U vec4s one thread reads in a trip of a strided pass from b (j = b + u * WG + li), loaded
+// before any is used.
+fn strided(b: u32, li: u32) -> array<vec4<f32>, U> {
+    return array<vec4<f32>, U>(
+#unroll U u
+        at(b + $uu * WG + li),
+#end
+    );
+}
+
+// The draw weights of a thread's chunk vec4s j0 .. j0 + U (those at or past hi weigh 0).
+fn chunk_weights(j0: u32, hi: u32, k: u32, m: f32) -> array<vec4<f32>, U> {
+    let v = array<vec4<f32>, U>(
+#unroll U u
+        at(min(j0 + $uu, hi - 1u)),
+#end
+    );
+    return array<vec4<f32>, U>(
+#unroll U u
+        weight(v[$u], live(j0 + $uu) & vec4<bool>(j0 + $uu < hi), k, m),
+#end
+    );
+}
+
 fn argmax(li: u32) -> u32 {
     var bv = -3.4e38;
     var bi = 0xFFFFFFFFu;
     // a thread's j rise with u and with the trips: strict > keeps the lowest id of equal values
     for (var b = 0u; b < n4(); b += WG * U) {
+        let v = strided(b, li);
 #unroll U u
         let j$u = b + $uu * WG + li;
-        let v$u = at(j$u);
-#end
-#unroll U u
         let ok$u = live(j$u);
 #unroll 4 c
-        let g$u$c = ok$u[$c] && v$u[$c] > bv;
-        bv = select(bv, v$u[$c], g$u$c);
+        let g$u$c = ok$u[$c] && v[$u][$c] > bv;
+        bv = select(bv, v[$u][$c], g$u$c);
         bi = select(bi, 4u * j$u + $cu, g$u$c);
 #end
 #end
@@ -86,15 +108,13 @@ fn argmax(li: u32) -> u32 {
 fn tally(li: u32, k: u32, m: f32, mass: bool) -> f32 {
     var c = vec4<f32>(0.0);
     for (var b = 0u; b < n4(); b += WG * U) {
+        let v = strided(b, li);
 #unroll U u
-        let j$u = b + $uu * WG + li;
-        let v$u = at(j$u);
-#end
-#unroll U u
+        let ok$u = live(b + $uu * WG + li);
         if (mass) {
-            c += weight(v$u, live(j$u), k, m);
+            c += weight(v[$u], ok$u, k, m);
         } else {
-            c += select(vec4<f32>(0.0), vec4<f32>(1.0), live(j$u) & (okey(v$u) >= vec4<u32>(k)));
+            c += select(vec4<f32>(0.0), vec4<f32>(1.0), ok$u & (okey(v[$u]) >= vec4<u32>(k)));
         }
 #end
     }
@@ -138,12 +158,9 @@ fn main(@builtin(local_invocation_index) li: u32) {
         let hi = min(lo + chunk, n4());
         var s4 = vec4<f32>(0.0);
         for (var j0 = lo; j0 < hi; j0 += U) {
+            let w = chunk_weights(j0, hi, tp, m);
 #unroll U u
-            let j$u = min(j0 + $uu, hi - 1u);
-            let v$u = at(j$u);
-#end
-#unroll U u
-            s4 += weight(v$u, live(j$u) & vec4<bool>(j0 + $uu < hi), tp, m);
+            s4 += w[$u];
 #end
         }
         let s = s4.x + s4.y + s4.z + s4.w;
@@ -168,16 +185,12 @@ fn main(@builtin(local_invocation_index) li: u32) {
             var last = 4u * lo;
             var found = false;
             for (var j0 = lo; j0 < hi; j0 += U) {
+                let w = chunk_weights(j0, hi, tp, m);
 #unroll U u
-                let j$u = min(j0 + $uu, hi - 1u);
-                let v$u = at(j$u);
-#end
-#unroll U u
-                let w$u = weight(v$u, live(j$u) & vec4<bool>(j0 + $uu < hi), tp, m);
 #unroll 4 c
-                if (!found && w$u[$c] > 0.0) {
-                    last = 4u * j$u + $cu;
-                    acc += w$u[$c];
+                if (!found && w[$u][$c] > 0.0) {
+                    last = 4u * (j0 + $uu) + $cu;
+                    acc += w[$u][$c];
                     found = acc > goal;
                 }
 #end
