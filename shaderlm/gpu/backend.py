@@ -71,6 +71,7 @@ class IndexedSubmission:
         libf.wgpuBufferUnmap(buffer._internal)
         return data
 
+
 def indexed_submission(device):
     """An IndexedSubmission for wgpu-native devices; None for other WebGPU packages (which use the
     plain submit and map_sync)."""

@@ -42,9 +42,11 @@ fn at(j: u32) -> vec4<f32> { return logits[min(j, n4() - 1u)]; }
 fn live(j: u32) -> vec4<bool> {
     return vec4<u32>(4u * j) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.vocab);
 }
-// each lane's weight in the draw: exp((v - m) / T) for live logits with key >= k, else 0
+// which lanes are kept at threshold k: live (ok) with key >= k
+fn kept(v: vec4<f32>, ok: vec4<bool>, k: u32) -> vec4<bool> { return ok & (okey(v) >= vec4<u32>(k)); }
+// each lane's weight in the draw: exp((v - m) / T) where kept, else 0
 fn weight(v: vec4<f32>, ok: vec4<bool>, k: u32, m: f32) -> vec4<f32> {
-    return select(vec4<f32>(0.0), exp((v - vec4<f32>(m)) / p.temperature), ok & (okey(v) >= vec4<u32>(k)));
+    return select(vec4<f32>(0.0), exp((v - vec4<f32>(m)) / p.temperature), kept(v, ok, k));
 }
 
 // The U vec4s one thread reads in a trip of a strided pass from b (j = b + u * WG + li), loaded
@@ -114,7 +116,7 @@ fn tally(li: u32, k: u32, m: f32, mass: bool) -> f32 {
         if (mass) {
             c += weight(v[$u], ok$u, k, m);
         } else {
-            c += select(vec4<f32>(0.0), vec4<f32>(1.0), ok$u & (okey(v[$u]) >= vec4<u32>(k)));
+            c += select(vec4<f32>(0.0), vec4<f32>(1.0), kept(v[$u], ok$u, k));
         }
 #end
     }
