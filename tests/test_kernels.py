@@ -612,7 +612,43 @@ def test_sample_distribution_large_vocab(dev):
     check_draws(dev, "T1 large vocab", logits, 1.0, 0, 1.0, seeds=(7, 8))
 
 
+def sample_uniform(seed, pos):
+    """The sampler's uniform in [0, 1) at (seed, position): a PCG hash, its top 24 bits."""
+    def pcg(v):
+        s = (v * 747796405 + 2891336453) & 0xFFFFFFFF
+        w = (((s >> ((s >> 28) + 4)) ^ s) * 277803737) & 0xFFFFFFFF
+        return (w >> 22) ^ w
+    return (pcg(pcg(seed) ^ (pos * 2654435761 & 0xFFFFFFFF)) >> 8) / 2 ** 24
+
+
+def expected_draws(keep, prob, seed, positions, tol=1e-4):
+    """The token the sampler must draw at each position: walking the kept ids in ascending order, the
+    first where the running probability passes the uniform. -1 where the uniform lies within `tol` of
+    either end of that token's interval (f32 sums could move it across)."""
+    ids = np.flatnonzero(keep)
+    hi = np.cumsum(prob[ids])
+    lo = hi - prob[ids]
+    out = np.full(len(positions), -1)
+    for n, pos in enumerate(positions):
+        u = sample_uniform(seed, pos)
+        i = min(int(np.searchsorted(hi, u, side="right")), len(ids) - 1)
+        if u - lo[i] > tol and hi[i] - u > tol:
+            out[n] = ids[i]
+    return out
+
+
+def check_sequence(case, drawn, keep, prob, seed, pos0):
+    want = expected_draws(keep, prob, seed, range(pos0, pos0 + len(drawn)))
+    bad = (want >= 0) & (drawn != want)
+    assert not bad.any(), (
+        f"{case} seed {seed}: {bad.sum()} of {(want >= 0).sum()} draws are not the token the walk in id order "
+        f"reaches, e.g. position {pos0 + np.flatnonzero(bad)[0]}: {drawn[bad][0]}, expected {want[bad][0]}")
+    return int((want >= 0).sum())
+
+
 def check_draws(dev, case, logits, temperature, top_k, top_p, seeds):
+    """Membership, the exact token where the walk's rounding cannot matter (check_sequence), and the
+    frequencies (see the module docstring)."""
     keep, prob = kept_sets(logits, temperature, top_k, top_p)
     N = 400                                               # 200 positions per seed
     per = N // len(seeds)
@@ -628,6 +664,7 @@ def check_draws(dev, case, logits, temperature, top_k, top_p, seeds):
             f"{case}: {outside.sum()} of {len(drawn)} draws outside the allowed set ({keep.sum()} tokens); "
             f"e.g. id {drawn[outside][0]} logit {logits[drawn[outside][0]]}; allowed logits "
             f"{sorted(logits[keep].tolist(), reverse=True)[:10]}")
+        check_sequence(case, drawn, keep, prob, seed, 18)      # the first draw is at position 17 + 1
         counts += np.bincount(drawn, minlength=len(logits))
     freq = counts / N
     bound = 4.5 * np.sqrt(prob * (1 - prob) / N) + 0.01
@@ -645,19 +682,59 @@ def check_draws(dev, case, logits, temperature, top_k, top_p, seeds):
 
 
 def test_sample_topk_topp_random(dev):
-    """Random (undesigned) logits: every draw inside the top-k set and inside the top-p nucleus."""
+    """Random (undesigned) logits: every draw inside the top-k set and inside the top-p nucleus, and the
+    token the walk in id order reaches."""
     rng = np.random.default_rng(5)
-    # 40001 logits: several trips of each pass's loads, and chunks longer than one load batch
+    # 40001 logits: several trips of each pass's loads, and chunks longer than one load batch; kept sets
+    # of 1024 (the capacity of the compacted survivors at 512 threads: 2 per thread) and 1025 (over it:
+    # the whole-vocabulary path with the radix select's threshold); a Llama 3 vocabulary
     for trial, (top_k, top_p, T, vocab) in enumerate([(200, 0.8, 1.5, 1000), (40, 0.9, 1.0, 1000),
-                                                       (10, 0.5, 0.8, 1000), (300, 0.95, 1.0, 40001)]):
+                                                       (10, 0.5, 0.8, 1000), (300, 0.95, 1.0, 40001),
+                                                       (1024, 0.97, 1.0, 40001), (1025, 0.97, 1.0, 40001),
+                                                       (40, 0.95, 0.8, 128256)]):
         logits = (rng.standard_normal(vocab) * 2).astype(np.float32)
-        keep, _ = kept_sets(logits, T, top_k, top_p)
+        keep, prob = kept_sets(logits, T, top_k, top_p)
         toks, _ = draw(dev, logits, (3, 1, 0, 0), repeat=200, ntok=202, temperature=T, top_k=top_k,
                        top_p=top_p, seed=100 + trial)
         drawn = toks[1:201]
         bad = ~keep[drawn]
-        assert not bad.any(), (f"trial {trial} (top_k {top_k}, top_p {top_p}, T {T}): {bad.sum()} of 200 draws "
+        what = f"trial {trial} (top_k {top_k}, top_p {top_p}, T {T})"
+        assert not bad.any(), (f"{what}: {bad.sum()} of 200 draws "
                                f"outside the nucleus ({keep.sum()} tokens), e.g. id {drawn[bad][0]}")
+        check_sequence(what, drawn, keep, prob, 100 + trial, 4)
+
+
+def test_sample_topk_large_vocab(dev):
+    """top_k over 40,001 logits (the radix select, and top-p and the draw over the survivors compacted in
+    workgroup memory): alone, with top-p, with ties at the k-th value (7 kept at top_k 4), with the
+    nucleus edge inside a tie, and over all-negative logits."""
+    logits, ids = designed_logits(vocab=40001, seed=11)
+    rng = np.random.default_rng(11)
+    tail = np.setdiff1d(np.arange(40001), ids)
+    tied = logits.copy()
+    tied[rng.choice(tail, 3, replace=False)] = 1.5         # the 4th largest, 3 more times
+    cases = {"topk4": (logits, 1.0, 4, 1.0), "topk8 topp0.75": (logits, 1.0, 8, 0.75),
+             "topk4 ties at the 4th": (tied, 1.0, 4, 1.0), "topk9 topp0.85 nucleus edge in the ties": (tied, 1.0, 9, 0.85),
+             "topk6 topp0.9 all negative": (logits - 30, 0.7, 6, 0.9)}
+    for i, (case, (lg, T, k, p)) in enumerate(cases.items()):
+        check_draws(dev, case, lg, T, k, p, seeds=(20 + 2 * i, 21 + 2 * i))
+
+
+@pytest.mark.parametrize("ties,top_p", [(1014, 1.0), (1014, 0.4), (1014, 0.8), (1015, 1.0), (1015, 0.8)])
+def test_sample_topk_capacity(dev, ties, top_p):
+    """top_k 11 over 10 leaders and `ties` logits equal at the 11th value, the rest lower: a kept set of
+    1024 (the survivors' capacity at 512 threads: compacted, 2 per thread) or 1025 (over it: the
+    whole-vocabulary path with the radix select's threshold). The ties hold about half the mass:
+    top_p 0.4 cuts inside the leaders, 0.8 keeps the ties whole. The two largest sit at the first and
+    the last id: the ends of the survivors."""
+    logits, ids = designed_logits(vocab=40001, seed=13)
+    for lead, at in zip(ids[:2], (40000, 0)):
+        logits[[lead, at]] = logits[[at, lead]]
+    rng = np.random.default_rng(13)
+    logits[rng.choice(np.flatnonzero(logits < -3.5), ties, replace=False)] = -3.0      # from the tail
+    keep, _ = kept_sets(logits, 1.0, 11, top_p)
+    assert keep.sum() == (4 if top_p == 0.4 else 10 + ties)
+    check_draws(dev, f"{ties} ties top_p {top_p}", logits, 1.0, 11, top_p, seeds=(ties, ties + int(10 * top_p)))
 
 
 def test_sample_seed_determinism(dev):
