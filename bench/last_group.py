@@ -1,7 +1,9 @@
 """Can the last workgroup of a dispatch see every other workgroup's writes? The pattern a fused kernel
 would lean on: each workgroup writes its part, storageBarrier() (naga: a device-scope release), one
 atomicAdd on a counter; the workgroup that sees count == groups - 1 reads one value of each part and
-finishes the job (no workgroup waits for another, so it cannot deadlock). A chain of N dependent dispatches, each
+finishes the job (no workgroup waits for another, so it cannot deadlock). Caution (bench/NOTES.md, round 11):
+a fused attention + o kernel that passed its partials this way, with plain stores and loads, once read
+a stale partial at 512 workgroups; through atomicStore / atomicLoad it never did. A chain of N dependent dispatches, each
 writing values unique to its iteration, checked on the CPU; and the chain's cost per dispatch
 against the same kernel without the counter.
 
