@@ -19,7 +19,7 @@ import time
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import shaderlm                                      # noqa: E402
-from shaderlm.engine.generate import Sampling        # noqa: E402
+from shaderlm.engine.generate import Generator, Sampling  # noqa: E402
 
 
 def queued(model, n, per):
@@ -36,13 +36,14 @@ def queued(model, n, per):
 
 
 def looped(model, n, k, wait_one=True):
-    gen, dev = model.generator, model.device
+    gen, dev = Generator(model.net, k), model.device
     saved = dev.indexed
-    if not wait_one:
+    if not wait_one:            # the Device falls back to map_sync without its IndexedSubmission
         dev.indexed = None
-    gen.__init__(model.net, k)
-    list(gen.generate([1], n, Sampling(), keep_history=False))
-    dev.indexed = saved
+    try:
+        list(gen.generate([1], n, Sampling(), keep_history=False))
+    finally:
+        dev.indexed = saved
     s = gen.stats      # as `shaderlm bench` counts it: the first token's time is the prompt's
     return (s.decode_tokens - 1) / s.decode_s
 

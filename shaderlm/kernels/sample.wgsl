@@ -269,14 +269,12 @@ fn top_p_survivors(li: u32, tk: u32, n: u32) -> u32 {
     if (p.top_p >= 1.0) { return tk; }
     if (li == 0u) { atomicStore(&top_p_max, select(tk, 0xFFFFFFFFu, p.top_p <= 0.0)); }
     workgroupBarrier();
+    var total = 0.0;
+    for (var j = 0u; j < n; j++) { total += kw[j]; }
     for (var i = li; i < n; i += WG) {
         let k = key1(i);
-        var total = 0.0;
         var mass = 0.0;
-        for (var j = 0u; j < n; j++) {
-            total += kw[j];
-            mass += weight1(j, k);
-        }
+        for (var j = 0u; j < n; j++) { mass += weight1(j, k); }
         if (mass >= p.top_p * total) { atomicMax(&top_p_max, k); }
     }
     workgroupBarrier();
