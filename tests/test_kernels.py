@@ -855,13 +855,15 @@ def assert_shapes(dev, c, shapes, case):
                                   "Q6_K 768"])
 def test_gemv_row_groups(dev, case):
     """Several row groups per workgroup (gemv.wgsl HOIST: each lane's x chunks converted once for all
-    of them) compute the GEMV, x24 and f32 x alike: group counts that do and do not divide the 37 rows,
+    of them) compute the GEMV, x24 and f32 x alike, their row sums reduced by subgroupAdd or by the
+    butterfly (2, 4 and 8 values, rounded up from 3 and 6): group counts that do and do not divide the 37 rows,
     lanes past a row's chunks (Q4_K 512: 16 chunks on 32 lanes; Q4_0 1056: 33 chunks in 2 steps), a
     fused GLU + norm and the Q4_K + Q6_K pair."""
     c = gemv_case(dev, case, len(case) * 3)
     lanes = max(32, dev.subgroup_size or 1)
-    assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24)
-                           for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8)) for x24 in (0, 1)], case)
+    assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24, bf)
+                           for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8))
+                           for x24, bf in ((0, 1), (1, 1), (1, 0))], case)
 
 
 def test_gemv_row_groups_need_one_trip(dev):
@@ -880,7 +882,7 @@ def test_gemv_row_group_candidates(dev):
     for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
                     ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
                     ([weight("Q4_K", 500, 4096)], False)):
-        default = ops.gemv_shape(dev, ws[0], glu) + (1,)
+        default = ops.gemv_shape(dev, ws[0], glu) + (1, 1)
         grouped = [s for s in ops.gemv_candidates(dev, ws, glu, default) if s[3] > 1]
         out_rows = sum(w.rows // (1 + glu) for w in ws)
         assert bool(grouped) == (out_rows >= 512), (ws[0].rows, grouped)

@@ -6,8 +6,9 @@
 // picked per matrix in ops.py). The chunk's x runs are loaded once into registers and reused for all
 // ROWS rows, whose independent weight loads are then in flight together. With several row groups
 // (HOIST, gemv_rows.wgsl) a lane's chunks are the same for every group, so their x is loaded and
-// converted once per workgroup. Partial sums: subgroup reductions, then one workgroup-memory pass
-// over the subgroups (subgroups of 4 lanes or more).
+// converted once per workgroup. Partial sums: subgroup reductions (a subgroupAdd per row, or SG_BFLY:
+// the rows' sums in one butterfly, gemv_rows.wgsl), then one workgroup-memory pass over the subgroups
+// (subgroups of 4 lanes or more).
 // Fused variants, as matmul.wgsl: NORM (RMSNorm of x: the dots use x * w and are scaled by the
 // norm's 1/rms at the end; the sum of squares comes from the same x loads, since the workgroup's
 // chunks cover the row exactly once, and rides along the partial-sum reduction, so the norm adds no
@@ -54,6 +55,11 @@ var<workgroup> norm_part: array<f32, {{WG}}>;
 // the compiler nothing to spill. With NORM, xv returns x * norm weight, and each x vec4 loaded
 // (exactly once per workgroup pass) adds its squares to the calling thread's `ss`.
 struct XRow { base: u32 }
+#if SG_BFLY
+const BFN: u32 = {{BFN}}u;       // the row sums a group reduces together (gemv_rows.wgsl), a power of 2
+const SGC: u32 = {{SGC}}u;       // the adapter's probed subgroup size: the butterfly's masks as constants
+var<private> sg_size: u32;
+#endif
 var<private> ss: f32;
 var<private> x_on: f32;          // HOIST: 0 reads x as zeros (a lane's chunk step past the row's end)
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {
@@ -90,13 +96,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         @builtin(local_invocation_index) li: u32,
 #if SUBGROUPS
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_id) sg: u32,
-        @builtin(num_subgroups) nsg: u32
+        @builtin(num_subgroups) nsg: u32, @builtin(subgroup_size) sgsize: u32
 #endif
         ) {
 #if !SUBGROUPS
     let lane = 0u; let sg = 0u; let nsg = 1u;
 #endif
     red_lane = li;
+#if SG_BFLY
+    sg_size = sgsize;
+#endif
     let g = wid.x + wid.y * nwg.x;           // workgroup; the branches below are uniform per workgroup
     let per = {{GROUPS}}u * {{ROWS}}u;       // rows per workgroup
     let wgs = (p.rows + per - 1u) / per;

@@ -78,6 +78,11 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     // each row's partial sums into part (the workgroup's row rr at part[rr * NPART]: one per
     // subgroup, the up rows' from NPART / 2)
     let r0 = gi * {{ROWS}}u;
+#if SG_BFLY
+    if (sg_size == SGC) {
+        bfly_rows(r0, lane, sg, {{BF_ARGS}});
+    } else {
+#endif
 #if SUBGROUPS
 #unroll ROWS
     let a$i = subgroupAdd(acc$i);
@@ -96,6 +101,9 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     if (li == 0u) { part[(r0 + $iu) * NPART + NPART / 2u] = u$i; }
 #endif
 #end
+#endif
+#if SG_BFLY
+    }
 #endif
     }
 #if NORM
@@ -140,3 +148,53 @@ fn row_out(rr: u32, row_i: u32, t: u32, nsg: u32) {
     let row = p.row0 + row_i;
     write_y(t * p.y_stride + row, row, s);
 }
+
+#if SG_BFLY
+// SG_BFLY: the group's row sums (v0.. the ROWS rows, then GLU's up rows, zeros up to BFN) reduced over
+// the subgroup together, for the adapter's probed subgroup size SGC (rows() checks the one it runs in). Each butterfly step pairs values a lane holds: lanes with the step's mask
+// bit clear keep the first of a pair and send the second to their partner, the others the reverse,
+// so one shuffle halves two values; after log2(BFN) steps each lane holds one value, index
+// lane / (size / BFN), and plain xor-shuffles finish it: BFN - 1 + log2(size / BFN) shuffles in all,
+// against BFN x log2(size) for a subgroupAdd per value (H200, tuned, tg128: Llama 8B Q4_0 +5%, 1B
+// Q4_K_M +1%, but 1B Q8_0 -4.5%, so the tuner tries each picked shape without it too).
+fn bf_pair(a: f32, b: f32, m: u32, lane: u32) -> f32 {
+    let hi = (lane & m) != 0u;
+    return select(a, b, hi) + subgroupShuffleXor(select(b, a, hi), m);
+}
+fn bfly_rows(r0: u32, lane: u32, sg: u32, v0: f32, v1: f32, v2: f32, v3: f32, v4: f32, v5: f32, v6: f32,
+             v7: f32) {
+    let h = SGC / 2u;
+#if BF8
+    let w0 = bf_pair(v0, v4, h, lane);
+    let w1 = bf_pair(v1, v5, h, lane);
+    let w2 = bf_pair(v2, v6, h, lane);
+    let w3 = bf_pair(v3, v7, h, lane);
+    let y0 = bf_pair(w0, w2, h / 2u, lane);
+    let y1 = bf_pair(w1, w3, h / 2u, lane);
+    var z = bf_pair(y0, y1, h / 4u, lane);
+#endif
+#if BF4
+    let w0 = bf_pair(v0, v2, h, lane);
+    let w1 = bf_pair(v1, v3, h, lane);
+    var z = bf_pair(w0, w1, h / 2u, lane);
+#endif
+#if BF2
+    var z = bf_pair(v0, v1, h, lane);
+#endif
+    let per = SGC / BFN;                 // lanes that end with the same value
+#unroll BF_TAIL t
+    z += subgroupShuffleXor(z, per >> ($tu + 1u));
+#end
+    let q = lane / per;
+    if (lane % per == 0u) {
+        if (q < {{ROWS}}u) {
+            part[(r0 + q) * NPART + sg] = z;
+        }
+#if GLU
+        else if (q < 2u * {{ROWS}}u) {
+            part[(r0 + q - {{ROWS}}u) * NPART + NPART / 2u + sg] = z;
+        }
+#endif
+    }
+}
+#endif

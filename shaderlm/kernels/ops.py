@@ -120,10 +120,17 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
     return wg, rows, 1, 1
 
 
-def full_shape(shape) -> tuple[int, int, int, int, int]:
-    """A GEMV shape (workgroup size, rows, chunk steps per trip, row groups per workgroup, x24): steps 1,
-    groups 1 and x24 0 where left out."""
-    return (tuple(shape) + (1, 1, 0)[len(shape) - 2:])[:5]
+def full_shape(shape) -> tuple[int, int, int, int, int, int]:
+    """A GEMV shape (workgroup size, rows, chunk steps per trip, row groups per workgroup, x24, butterfly
+    reduction): steps 1, groups 1, x24 0 and butterfly 0 where left out."""
+    return (tuple(shape) + (1, 1, 0, 0)[len(shape) - 2:])[:6]
+
+
+def bfly_ok(dev, rows: int, glu: bool) -> bool:
+    """gemv_rows.wgsl can reduce a group's row sums (rows, and GLU's up rows) in one butterfly
+    (SG_BFLY): subgroups, and 2 to 8 values (rounded up to a power of 2) within the subgroup size."""
+    n = 1 << (rows * (2 if glu else 1) - 1).bit_length()
+    return dev.has_subgroups and 2 <= n <= min(8, dev.subgroup_size or 1)
 
 
 def x24_ok(ws) -> bool:
@@ -134,7 +141,7 @@ def x24_ok(ws) -> bool:
     (error under 4 f32 ulps of the run's largest element, the order of an f32 dot's own rounding; see
     test_gemv_x24): as accurate as f32 x. Integer dots then replace the per-weight float conversions
     that bound the f32 GEMVs (H200, one machine, tuned: Llama 8B Q4_K_M 227 -> 247 tok/s, Q4_0 223 -> 268).
-    Where the adapter's integer dots are slow, the tuner's f32 twin wins instead (x24_refine)."""
+    Where the adapter's integer dots are slow, the tuner's f32 twin wins instead (gemv_refine)."""
     return all(w.qtype.int8_dot and not w.int8_x for w in ws) and not os.environ.get("SHADERLM_NO_X24")
 
 
@@ -147,7 +154,7 @@ def gemv_chunks(w) -> int:
 def hoist_ok(dev, ws, shape) -> bool:
     """gemv.wgsl can run `shape` with several row groups per workgroup (HOIST): one trip covers every
     chunk of a row, and the partial sums fit the adapter's workgroup memory."""
-    wg, rows, steps, groups, _ = full_shape(shape)
+    wg, rows, steps, groups, *_ = full_shape(shape)
     part = groups * rows * wg // 2 + 2 * wg          # floats: part, norm_part and the reduction buffer
     return (wg * steps >= max(map(gemv_chunks, ws)) and groups * rows <= wg
             and 4 * part <= int(dev.limits.get("max-compute-workgroup-storage-size", 16384)))
@@ -162,7 +169,7 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     Then several row groups per workgroup (HOIST: each lane's x converted once for all of them): the
     fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2 or
     4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups.
-    All in the default's x mode (the best one's f32 twin is tried after: x24_refine)."""
+    All in the default's x mode (the best one's f32 twin and butterfly twin are tried after: gemv_refine)."""
     chunks = min(map(gemv_chunks, ws))
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     sgs = max(32, dev.subgroup_size or 1)
@@ -181,22 +188,27 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
                 s = (g, r, steps, groups)
                 if hoist_ok(dev, ws, s) and out_rows >= 256 * r * groups:
                     out.append(s)
-    return list(dict.fromkeys(full_shape(s)[:4] + default[4:] for s in out))
+    shapes = (full_shape(s)[:4] + default[4:5] for s in out)
+    return list(dict.fromkeys(s + (int(default[5] and bfly_ok(dev, s[1], glu)),) for s in shapes))
 
 
-def x24_refine(shape) -> list:
-    """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)."""
-    return [tuple(shape[:4]) + (0,)] if shape[4] else []
+def gemv_refine(shape) -> list:
+    """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)
+    and a butterfly shape's twin with a subgroupAdd per row (the butterfly everywhere won 5% on Llama 8B
+    Q4_0 and lost 4.5% on 1B Q8_0, H200)."""
+    s = full_shape(shape)
+    return [s[:4] + (0, s[5])] * s[4] + [s[:5] + (0,)] * s[5]
 
 
 def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else gemv_shape's (of the first
     weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged for it."""
-    default = gemv_shape(dev, ws[0], glu) + (int(x24_ok(ws)),)
-    tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, x24_refine)
+    default = gemv_shape(dev, ws[0], glu)
+    default = default + (int(x24_ok(ws)), int(bfly_ok(dev, default[1], glu)))
+    tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, gemv_refine)
     shape = full_shape(shape or dev.tuned.get(key) or default)
-    wg, nrows, steps, groups, x24 = shape
+    wg, nrows, steps, groups, x24, bfly = shape
     if groups > 1 and not hoist_ok(dev, ws, shape):
         raise ValueError(f"GEMV shape {shape} for {key}: row groups need the {wg} x {steps} lane steps to cover "
                          f"a row's {max(map(gemv_chunks, ws))} chunks, a lane per row ({groups} x {nrows}) and the "
@@ -204,7 +216,20 @@ def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable,
     x24 = bool(x24) and x24_ok(ws)          # a cached x24 shape under SHADERLM_NO_X24 builds f32
     int8 = all(w.int8_x for w in ws)
     return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, GROUPS=groups, HOIST=groups > 1,
-                      INT_DOT=int8 or x24, X24=x24)
+                      INT_DOT=int8 or x24, X24=x24, **_bfly_defines(dev, nrows, glu, bfly))
+
+
+def _bfly_defines(dev, rows: int, glu: bool, bfly) -> dict:
+    """gemv_rows.wgsl's butterfly reduction (SG_BFLY) of `rows` row sums (and GLU's up rows): the
+    values rounded up to BFN (a power of 2), passed as BF_ARGS, and the subgroup size compiled in (SGC)
+    so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
+    if not (bfly and bfly_ok(dev, rows, glu)):
+        return dict(SG_BFLY=False, BF_TAIL=0)     # (#unroll expands before #if drops the block)
+    bfn = 1 << (rows * (2 if glu else 1) - 1).bit_length()
+    args = [f"acc{i}" for i in range(rows)] + [f"up{i}" for i in range(rows if glu else 0)]
+    return dict(SG_BFLY=True, BFN=bfn, BF2=bfn == 2, BF4=bfn == 4, BF8=bfn == 8, SGC=dev.subgroup_size,
+                BF_TAIL=dev.subgroup_size.bit_length() - bfn.bit_length(),
+                BF_ARGS=", ".join((args + ["0.0"] * 8)[:8]))
 
 
 def _gemv_defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
