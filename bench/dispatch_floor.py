@@ -67,8 +67,7 @@ def main():
     print(f"device: {dev.name}")
     for name, groups, wg, chain_len, body in PROBES:
         code = KERNEL.replace("WG", str(wg)).replace("CHAIN", f"{chain_len}u").replace("BODY", body)
-        mod = dev.device.create_shader_module(code=code)
-        pipe = dev.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
+        pipe = dev.compile(code)
         dep = [dev.bind_group(pipe, [src, shared])]
         ind = [dev.bind_group(pipe, [src, b]) for b in own]
         for kind, bgs in (("dependent", dep), ("independent", ind)):

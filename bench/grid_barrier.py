@@ -114,8 +114,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 def run_variant(dev, wts, seg_vec4, phases, groups, unroll, mode, reps=5):
     """Seconds per phase (median of reps) and (bad x reads, timed-out waits) over all runs."""
     prefetch = mode == "persist+pre"
-    mod = dev.device.create_shader_module(code=kernel(unroll, prefetch))
-    pipe = dev.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
+    pipe = dev.compile(kernel(unroll, prefetch))
     x0 = np.array([(0 * 2654435761 + i * 40503 + 1) % 2**32 for i in range(XN)] + [0] * XN, np.uint32)
     xbuf = dev.upload(x0)
     sync = dev.upload(np.zeros(4, np.uint32))

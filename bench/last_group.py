@@ -66,8 +66,7 @@ def run(dev, groups, n, counter):
     with_counter, without = rest.split("#else\n")
     without, tail = without.split("#endif\n")
     code = head + (with_counter if counter else without) + tail
-    mod = dev.device.create_shader_module(code=code)
-    pipe = dev.device.create_compute_pipeline(layout="auto", compute={"module": mod, "entry_point": "main"})
+    pipe = dev.compile(code)
     parts = dev.buffer(groups * 256 * 4)
     cnt = dev.upload(np.zeros(4, np.uint32))
     results = dev.upload(np.zeros(n, np.uint32))

@@ -147,16 +147,20 @@ class Device:
         key = (kernel, tuple(sorted(defines.items())))
         pipe = self._pipelines.get(key)
         if pipe is None:
-            src = load_wgsl(kernel, defines)
             try:
-                module = self.device.create_shader_module(code=src, label=kernel)
-                pipe = self.device.create_compute_pipeline(
-                    layout="auto", compute={"module": module, "entry_point": "main"}, label=kernel)
+                pipe = self.compile(load_wgsl(kernel, defines), kernel)
             except Exception as e:
                 raise DeviceError(f"kernel {kernel} {defines} failed to compile on {self.name}: {e}") from e
             pipe.kernel_name = kernel
             self._pipelines[key] = pipe
         return pipe
+
+    def compile(self, code: str, label: str = ""):
+        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source, uncached:
+        pipeline() for the kernels, this for source built elsewhere (the bench probes)."""
+        module = self.device.create_shader_module(code=code, label=label)
+        return self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
+                                                   label=label)
 
     def bind_group(self, pipeline, resources):
         """Bind resources to bindings 0..n-1 of group 0: a buffer, (buffer, offset, size), or None
