@@ -58,7 +58,6 @@ struct XRow { base: u32 }
 #if SG_BFLY
 const BFN: u32 = {{BFN}}u;       // the row sums a group reduces together (gemv_rows.wgsl), a power of 2
 const SGC: u32 = {{SGC}}u;       // the adapter's probed subgroup size: the butterfly's masks as constants
-var<private> sg_size: u32;
 #endif
 var<private> ss: f32;
 var<private> x_on: f32;          // HOIST: 0 reads x as zeros (a lane's chunk step past the row's end)
@@ -100,21 +99,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #endif
         ) {
 #if !SUBGROUPS
-    let lane = 0u; let sg = 0u; let nsg = 1u;
+    let lane = 0u; let sg = 0u; let nsg = 1u; let sgsize = 1u;
 #endif
     red_lane = li;
-#if SG_BFLY
-    sg_size = sgsize;
-#endif
     let g = wid.x + wid.y * nwg.x;           // workgroup; the branches below are uniform per workgroup
     let per = {{GROUPS}}u * {{ROWS}}u;       // rows per workgroup
     let wgs = (p.rows + per - 1u) / per;
     if (g < wgs) {
-        rows(g * per, wid.z, li, lane, sg, nsg);
+        rows(g * per, wid.z, li, lane, sg, nsg, sgsize);
     }
 #if DUAL
     else if ((g - wgs) * per < B_p.rows) {
-        B_rows((g - wgs) * per, wid.z, li, lane, sg, nsg);
+        B_rows((g - wgs) * per, wid.z, li, lane, sg, nsg, sgsize);
     }
 #endif
 }

@@ -8,7 +8,7 @@
 //   HOIST (GROUPS > 1, WG x STEPS >= the chunks of a row): each lane's STEPS chunks are fixed, so
 //     their x is loaded and converted once and reused for every row group; the conversion (about
 //     10 operations per x element for x24) is then paid once per GROUPS x ROWS rows instead of ROWS.
-fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
+fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32) {
     let xrow = XRow(t * (p.k / 4u));
     ss = 0.0;
     let bpr = p.k / WQK;          // wide blocks per row
@@ -79,7 +79,7 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32) {
     // subgroup, the up rows' from NPART / 2)
     let r0 = gi * {{ROWS}}u;
 #if SG_BFLY
-    if (sg_size == SGC) {
+    if (sgsize == SGC) {
         bfly_rows(r0, lane, sg, {{BF_ARGS}});
     } else {
 #endif

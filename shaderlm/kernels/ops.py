@@ -126,11 +126,16 @@ def full_shape(shape) -> tuple[int, int, int, int, int, int]:
     return (tuple(shape) + (1, 1, 0, 0)[len(shape) - 2:])[:6]
 
 
+def bfly_values(rows: int, glu: bool) -> int:
+    """The row sums a group of `rows` rows reduces (and GLU's up rows), rounded up to a power of 2:
+    what gemv_rows.wgsl's butterfly (SG_BFLY) takes."""
+    return 1 << (rows * (2 if glu else 1) - 1).bit_length()
+
+
 def bfly_ok(dev, rows: int, glu: bool) -> bool:
-    """gemv_rows.wgsl can reduce a group's row sums (rows, and GLU's up rows) in one butterfly
-    (SG_BFLY): subgroups, and 2 to 8 values (rounded up to a power of 2) within the subgroup size."""
-    n = 1 << (rows * (2 if glu else 1) - 1).bit_length()
-    return dev.has_subgroups and 2 <= n <= min(8, dev.subgroup_size or 1)
+    """gemv_rows.wgsl can reduce a group's row sums in one butterfly: subgroups, and 2 to 8 values
+    within the subgroup size."""
+    return dev.has_subgroups and 2 <= bfly_values(rows, glu) <= min(8, dev.subgroup_size or 1)
 
 
 def x24_ok(ws) -> bool:
@@ -197,7 +202,12 @@ def gemv_refine(shape) -> list:
     and a butterfly shape's twin with a subgroupAdd per row (the butterfly everywhere won 5% on Llama 8B
     Q4_0 and lost 4.5% on 1B Q8_0, H200)."""
     s = full_shape(shape)
-    return [s[:4] + (0, s[5])] * s[4] + [s[:5] + (0,)] * s[5]
+    twins = []
+    if s[4]:
+        twins.append(s[:4] + (0, s[5]))
+    if s[5]:
+        twins.append(s[:5] + (0,))
+    return twins
 
 
 def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
@@ -225,7 +235,7 @@ def _bfly_defines(dev, rows: int, glu: bool, bfly) -> dict:
     so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
     if not (bfly and bfly_ok(dev, rows, glu)):
         return dict(SG_BFLY=False, BF_TAIL=0)     # (#unroll expands before #if drops the block)
-    bfn = 1 << (rows * (2 if glu else 1) - 1).bit_length()
+    bfn = bfly_values(rows, glu)
     args = [f"acc{i}" for i in range(rows)] + [f"up{i}" for i in range(rows if glu else 0)]
     return dict(SG_BFLY=True, BFN=bfn, BF2=bfn == 2, BF4=bfn == 4, BF8=bfn == 8, SGC=dev.subgroup_size,
                 BF_TAIL=dev.subgroup_size.bit_length() - bfn.bit_length(),
