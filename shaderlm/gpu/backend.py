@@ -50,9 +50,14 @@ class IndexedSubmission:
         self._map_info.mode = lib.WGPUCallbackMode_AllowProcessEvents
         self._map_info.callback = mapped
         self._index = ffi.new("WGPUSubmissionIndex *")
+        self._one = ffi.new("WGPUCommandBuffer[1]")     # the decode loop submits one buffer at a time
 
     def submit(self, command_buffers) -> int:
-        handles = self._ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
+        if len(command_buffers) == 1:
+            handles = self._one
+            handles[0] = command_buffers[0]._internal
+        else:
+            handles = self._ffi.new("WGPUCommandBuffer[]", [cb._internal for cb in command_buffers])
         return self._libf.wgpuQueueSubmitForIndex(self._queue, len(command_buffers), handles)
 
     def read(self, buffer, index: int, size: int) -> bytes:
