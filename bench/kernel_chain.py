@@ -7,8 +7,12 @@ dispatches by label and shape; the last line times the whole decode plan the sam
 starts after encoding, at the submit: these are GPU times.
 --ablate also times whole steps with each group's dispatches left out (wrong results, right timing):
 the step's time minus that is what the group costs where it sits, in the step.
+--stream times whole steps with the weight-reading dispatches (the GEMVs) replaced by a pure stream of
+the same bytes (distinct buffers, the same dependencies): the step as fast as its dispatches could
+read their weights, so what kernel work on each group could still gain, and the ceiling of this
+dispatch structure.
 
-    python bench/kernel_chain.py -m model.gguf [-n 300] [--ablate]
+    python bench/kernel_chain.py -m model.gguf [-n 300] [--ablate] [--stream]
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import shaderlm                              # noqa: E402
-from shaderlm.gpu.plan import Plan           # noqa: E402
+from shaderlm.gpu.plan import Dispatch, Plan  # noqa: E402
 
 
 def timed(dev, plan, n, sync_buf):
@@ -44,12 +48,60 @@ def timed(dev, plan, n, sync_buf):
     return (time.perf_counter() - t0) / n
 
 
+# A pure stream of a weight's bytes standing in for a GEMV: each thread XORs V vec4 loads (unconditional,
+# clamped: a guarded load cost a memory round trip on NVIDIA), a grid-stride apart. The model's
+# activation buffers are bound read-write, so the stream waits for (and is waited on by) its
+# neighbours as the GEMV it replaces would; the store to them never happens for real data.
+STREAM_WGSL = """
+@group(0) @binding(0) var<storage, read> src: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read_write> out: array<u32>;
+@group(0) @binding(2) var<storage, read_write> a0: array<u32>;
+@group(0) @binding(3) var<storage, read_write> a1: array<u32>;
+@group(0) @binding(4) var<storage, read_write> a2: array<u32>;
+@group(0) @binding(5) var<storage, read_write> a3: array<u32>;
+@group(0) @binding(6) var<storage, read_write> a4: array<u32>;
+@group(0) @binding(7) var<storage, read_write> a5: array<u32>;
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let n = arrayLength(&src);
+    let stride = nwg.x * nwg.y * 256u;
+    let i = (wid.x + wid.y * nwg.x) * 256u + li;
+    var acc = vec4<u32>(0u);
+    for (var u = 0u; u < VU; u++) { acc ^= src[min(i + u * stride, n - 1u)]; }
+    let r = acc.x ^ acc.y ^ acc.z ^ acc.w;
+    if (r == 0x9E3779B9u && li == 7u) { a0[0] = r; a1[0] = r; a2[0] = r; a3[0] = r; a4[0] = r; a5[0] = r; }
+    out[i] = r;
+}
+"""
+
+
+def streamed(dev, net, dispatches, which, v: int, cache: dict):
+    """The plan with the dispatches in `which` (ids) replaced by streams of their bytes, V loads a thread."""
+    pipe = cache.get(("pipe", v)) or cache.setdefault(("pipe", v), dev.compile(STREAM_WGSL.replace("VU", f"{v}u")))
+    acts = [net.x, net.qkv, net.attn, net.gu, net.h, net.logits]
+    out = []
+    for d in dispatches:
+        if id(d) not in which:
+            out.append(d)
+            continue
+        n_vec = max(1, d.bytes // 16)
+        groups = -(-n_vec // (256 * v))
+        gx, gy = min(groups, 32768), -(-groups // 32768)
+        src = cache.get(("src", id(d))) or cache.setdefault(("src", id(d)), dev.buffer(n_vec * 16))
+        sink = cache.get(("out", gx * gy)) or cache.setdefault(("out", gx * gy), dev.buffer(gx * gy * 256 * 4))
+        bg = cache.get(("bg", id(d), v)) or cache.setdefault(("bg", id(d), v), dev.bind_group(pipe, [src, sink, *acts]))
+        out.append(Dispatch(pipe, bg, (gx, gy, 1), label="stream", bytes=d.bytes))
+    return Plan(dev, out)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("-m", "--model", action="append")
     ap.add_argument("-n", type=int, default=300)
     ap.add_argument("--context", type=int, default=128)
     ap.add_argument("--ablate", action="store_true")
+    ap.add_argument("--stream", action="store_true")
     a = ap.parse_args()
     for path in a.model or [None]:
         model = shaderlm.load(path, ctx=a.context + 16, progress=False)
@@ -82,6 +134,25 @@ def main():
                 drop = set(map(id, ds))
                 rest = Plan(dev, [d for d in net.plan_decode.dispatches if id(d) not in drop])
                 us = timed(dev, rest, 20, net.state) * 1e6
+                net.set_state(len(ids), 1, 0)
+                print(f"{label:>22} | {str(grid):>16} | {len(ds):>5} | {us:8.0f} | {step - us:8.1f} | "
+                      f"{(step - us) / len(ds):8.2f}")
+        if a.stream:
+            plan, cache = net.plan_decode.dispatches, {}
+            heavy = [d for d in plan if d.bytes >= 1 << 20]
+            print(f"streams for the {len(heavy)} dispatches reading 1 MB or more ({sum(d.bytes for d in heavy) / 1e6:.0f} MB):")
+            best, best_v = None, 0
+            for v in (1, 4, 16):
+                us = timed(dev, streamed(dev, net, plan, set(map(id, heavy)), v, cache), 20, net.state) * 1e6
+                net.set_state(len(ids), 1, 0)
+                print(f"  all streamed, {v:>2} loads a thread: step {us:.0f} us (= {1e6 / us:.0f} tok/s)")
+                if best is None or us < best:
+                    best, best_v = us, v
+            print(f"{'streamed':>22} | {'grid':>16} | {'calls':>5} | {'step us':>8} | {'gain us':>8} | {'per call':>8}")
+            for (label, grid, nbytes), ds in groups.items():
+                if nbytes < 1 << 20:
+                    continue
+                us = timed(dev, streamed(dev, net, plan, set(map(id, ds)), best_v, cache), 20, net.state) * 1e6
                 net.set_state(len(ids), 1, 0)
                 print(f"{label:>22} | {str(grid):>16} | {len(ds):>5} | {us:8.0f} | {step - us:8.1f} | "
                       f"{(step - us) / len(ds):8.2f}")

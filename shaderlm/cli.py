@@ -162,9 +162,9 @@ def cmd_tune(args):
     print(f"decode step time with each kernel's default shape, then with its best (in order, so the\n"
           f"later rows include the earlier choices)")
     print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")
-    def shape(s):          # WGxROWS[xSTEPS][/GROUPS][ x24][ bf]
+    def shape(s):          # WGxROWS[xSTEPS][/GROUPS][ x24][ bf][ pf]
         return ("x".join(map(str, s[:3] if s[2] != 1 else s[:2])) + f"/{s[3]}" * (s[3] > 1) + " x24" * s[4]
-                + " bf" * s[5])
+                + " bf" * s[5] + " pf" * s[6])
     for key, d, d_us, b, b_us, n in rows:
         print(f"{key:>44} | {n:>5} | {shape(d):>8} | {d_us:>8.1f} | {shape(b):>8} | {b_us:>8.1f} | "
               f"{d_us / b_us:.2f}x")

@@ -856,14 +856,15 @@ def assert_shapes(dev, c, shapes, case):
 def test_gemv_row_groups(dev, case):
     """Several row groups per workgroup (gemv.wgsl HOIST: each lane's x chunks converted once for all
     of them) compute the GEMV, x24 and f32 x alike, their row sums reduced by subgroupAdd or by the
-    butterfly (2, 4 and 8 values, rounded up from 3 and 6): group counts that do and do not divide the 37 rows,
+    butterfly (2, 4 and 8 values, rounded up from 3 and 6), with and without the next group's weights
+    prefetched: group counts that do and do not divide the 37 rows,
     lanes past a row's chunks (Q4_K 512: 16 chunks on 32 lanes; Q4_0 1056: 33 chunks in 2 steps), a
     fused GLU + norm and the Q4_K + Q6_K pair."""
     c = gemv_case(dev, case, len(case) * 3)
     lanes = max(32, dev.subgroup_size or 1)
-    assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24, bf)
+    assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24, bf, pf)
                            for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8))
-                           for x24, bf in ((0, 1), (1, 1), (1, 0))], case)
+                           for x24, bf, pf in ((0, 1, 1), (1, 1, 0), (1, 0, 1), (1, 1, 1))], case)
 
 
 def test_gemv_row_groups_need_one_trip(dev):

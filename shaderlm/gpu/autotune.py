@@ -31,8 +31,8 @@ import numpy as np
 
 from .plan import Plan
 
-VERSION = 5          # 2: timed from a reset position (version 1 let the position run past the context); 3: x24;
-                     # 4: GEMV row groups per workgroup; 5: the butterfly reduction
+VERSION = 6          # 2: timed from a reset position (version 1 let the position run past the context); 3: x24;
+                     # 4: GEMV row groups per workgroup; 5: the butterfly reduction; 6: row-group prefetch
 # kernels whose source decides the tuned shapes: editing them invalidates the cache
 KERNELS = ("gemv", "gemv_rows", "quant_common", "reduce")
 NOISE = 0.01          # a candidate must beat the default shape by this fraction of a step to replace it
@@ -83,10 +83,11 @@ def load(dev) -> dict:
         data = json.loads(path.read_text())
         shapes = data["shapes"]
         ok = {k: tuple(v) for k, v in shapes.items()
-              if isinstance(k, str) and isinstance(v, list) and len(v) == 6
-              and all(isinstance(i, int) and 0 < i <= 4096 for i in v[:4]) and v[4] in (0, 1) and v[5] in (0, 1)}
+              if isinstance(k, str) and isinstance(v, list) and len(v) == 7
+              and all(isinstance(i, int) and 0 < i <= 4096 for i in v[:4]) and all(i in (0, 1) for i in v[4:])}
         if len(ok) != len(shapes):
-            raise ValueError("entries that are not a [workgroup size, rows, steps, groups, x24, butterfly] list")
+            raise ValueError("entries that are not a [workgroup size, rows, steps, groups, x24, butterfly, "
+                             "prefetch] list")
         return ok
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         print(f"shaderlm: ignoring the kernel tuning cache {path}: {e}", file=sys.stderr)

@@ -120,10 +120,10 @@ def gemv_shape(dev, w, glu: bool = False) -> tuple[int, int, int, int]:
     return wg, rows, 1, 1
 
 
-def full_shape(shape) -> tuple[int, int, int, int, int, int]:
+def full_shape(shape) -> tuple[int, int, int, int, int, int, int]:
     """A GEMV shape (workgroup size, rows, chunk steps per trip, row groups per workgroup, x24, butterfly
-    reduction): steps 1, groups 1, x24 0 and butterfly 0 where left out."""
-    return (tuple(shape) + (1, 1, 0, 0)[len(shape) - 2:])[:6]
+    reduction, prefetch a row group ahead): steps 1, groups 1, x24, butterfly and prefetch 0 where left out."""
+    return (tuple(shape) + (1, 1, 0, 0, 0)[len(shape) - 2:])[:7]
 
 
 def bfly_values(rows: int, glu: bool) -> int:
@@ -173,15 +173,19 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453).
     Then several row groups per workgroup (HOIST: each lane's x converted once for all of them): the
     fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2 or
-    4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups.
+    4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups; each with and without
+    prefetching the next group's weights (gemv_rows.wgsl PF: on the H200 the tuner kept it for 17 of
+    the 21 row-group shapes it picked over the yardstick models, and the best shapes differ with it).
     All in the default's x mode (the best one's f32 twin and butterfly twin are tried after: gemv_refine)."""
+    default = full_shape(default)
     chunks = min(map(gemv_chunks, ws))
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     sgs = max(32, dev.subgroup_size or 1)
     wgs = [g for g in (32, 64, 128, 256) if sgs <= g <= min(lim, 2 * chunks)] or [default[0]]
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
-    out = [default] + [(g, r, 1) for g in wgs for r in rows]
-    out += [(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
+    # (workgroup size, rows, steps, groups, prefetch); x24 and the butterfly are set below
+    out = [default[:4] + default[6:]] + [(g, r, 1, 1, 0) for g in wgs for r in rows]
+    out += [(g, r, 2, 1, 0) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
     most = max(map(gemv_chunks, ws))
     out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
     for steps in (1, 2):
@@ -192,9 +196,9 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
             for groups in (2, 4, 8):
                 s = (g, r, steps, groups)
                 if hoist_ok(dev, ws, s) and out_rows >= 256 * r * groups:
-                    out.append(s)
-    shapes = (full_shape(s)[:4] + default[4:5] for s in out)
-    return list(dict.fromkeys(s + (int(default[5] and bfly_ok(dev, s[1], glu)),) for s in shapes))
+                    out += [s + (1,), s + (0,)]
+    return list(dict.fromkeys(s[:4] + (default[4], int(default[5] and bfly_ok(dev, s[1], glu)), s[4])
+                              for s in out))
 
 
 def gemv_refine(shape) -> list:
@@ -204,9 +208,9 @@ def gemv_refine(shape) -> list:
     s = full_shape(shape)
     twins = []
     if s[4]:
-        twins.append(s[:4] + (0, s[5]))
+        twins.append(s[:4] + (0,) + s[5:])
     if s[5]:
-        twins.append(s[:5] + (0,))
+        twins.append(s[:5] + (0,) + s[6:])
     return twins
 
 
@@ -215,17 +219,17 @@ def _gemv_tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable,
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else gemv_shape's (of the first
     weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged for it."""
     default = gemv_shape(dev, ws[0], glu)
-    default = default + (int(x24_ok(ws)), int(bfly_ok(dev, default[1], glu)))
+    default = default + (int(x24_ok(ws)), int(bfly_ok(dev, default[1], glu)), 0)
     tune = Tunable(key, lambda: gemv_candidates(dev, ws, glu, default), rebuild, gemv_refine)
     shape = full_shape(shape or dev.tuned.get(key) or default)
-    wg, nrows, steps, groups, x24, bfly = shape
+    wg, nrows, steps, groups, x24, bfly, pf = shape
     if groups > 1 and not hoist_ok(dev, ws, shape):
         raise ValueError(f"GEMV shape {shape} for {key}: row groups need the {wg} x {steps} lane steps to cover "
                          f"a row's {max(map(gemv_chunks, ws))} chunks, a lane per row ({groups} x {nrows}) and the "
                          f"partial sums to fit workgroup memory")
     x24 = bool(x24) and x24_ok(ws)          # a cached x24 shape under SHADERLM_NO_X24 builds f32
     int8 = all(w.int8_x for w in ws)
-    return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, GROUPS=groups, HOIST=groups > 1,
+    return tune, dict(WG=wg, ROWS=nrows, STEPS=steps, GROUPS=groups, HOIST=groups > 1, PF=groups > 1 and bool(pf),
                       INT_DOT=int8 or x24, X24=x24, **_bfly_defines(dev, nrows, glu, bfly))
 
 
@@ -251,9 +255,8 @@ def _gemv_defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> d
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
-    `shape` (workgroup size, rows per group[, chunk steps per trip[, row groups[, x24]]]): default the adapter's
-    tuned one, else gemv_shape. x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32).
-    With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
+    `shape` (full_shape's tuple, or a prefix of it): default the adapter's tuned one, else gemv_shape.
+    x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32). With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     tune, sd = _gemv_tuning(dev, [w], key, glu, shape, lambda s: gemv(
