@@ -27,9 +27,9 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
     let hc$u = min(li + $uu * {{WG}}u, chunks - 1u);
 #if PF
 #unroll ROWS
-    var pw$u_$i = chunk_load(min(rbase0 + $iu, last) * bpr + hc$u / CPB, hc$u % CPB);
+    var pw$u_$i = row_chunk(rbase0 + $iu, 0u, hc$u);
 #if GLU
-    var pu$u_$i = chunk_load((min(rbase0 + $iu, last) + p.rows) * bpr + hc$u / CPB, hc$u % CPB);
+    var pu$u_$i = row_chunk(rbase0 + $iu, p.rows, hc$u);
 #endif
 #end
 #endif
@@ -57,15 +57,15 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #unroll ROWS
 #if PF
     let cw$u_$i = pw$u_$i;
-    pw$u_$i = chunk_load(min(nbase + $iu, last) * bpr + hc$u / CPB, hc$u % CPB);
+    pw$u_$i = row_chunk(nbase + $iu, 0u, hc$u);
 #if GLU
     let cu$u_$i = pu$u_$i;
-    pu$u_$i = chunk_load((min(nbase + $iu, last) + p.rows) * bpr + hc$u / CPB, hc$u % CPB);
+    pu$u_$i = row_chunk(nbase + $iu, p.rows, hc$u);
 #endif
 #else
-    let cw$u_$i = chunk_load(min(rbase + $iu, last) * bpr + hc$u / CPB, hc$u % CPB);
+    let cw$u_$i = row_chunk(rbase + $iu, 0u, hc$u);
 #if GLU
-    let cu$u_$i = chunk_load((min(rbase + $iu, last) + p.rows) * bpr + hc$u / CPB, hc$u % CPB);
+    let cu$u_$i = row_chunk(rbase + $iu, p.rows, hc$u);
 #endif
 #endif
 #end
@@ -164,6 +164,12 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #endif
     workgroupBarrier();
     if (li < {{GROUPS}}u * {{ROWS}}u && rbase0 + li < p.rows) { row_out(li, rbase0 + li, t, nsg); }
+}
+
+// The words of chunk c of row r (past the end: the last row, recomputed, its result unused) of the
+// weight, or with `up` = p.rows of GLU's up half.
+fn row_chunk(r: u32, up: u32, c: u32) -> CW {
+    return chunk_load((min(r, p.rows - 1u) + up) * (p.k / WQK) + c / CPB, c % CPB);
 }
 
 // The workgroup's row rr (row_i of the weight) from its partial sums: the norm's scale, the
