@@ -78,7 +78,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 
 def streamed(dev, net, dispatches, which, v: int, cache: dict):
     """The plan with the dispatches in `which` (ids) replaced by streams of their bytes, V loads a thread."""
-    pipe = cache.get(("pipe", v)) or cache.setdefault(("pipe", v), dev.compile(STREAM_WGSL.replace("VU", f"{v}u")))
+    def memo(key, make):
+        if key not in cache:
+            cache[key] = make()
+        return cache[key]
+    pipe = memo(("pipe", v), lambda: dev.compile(STREAM_WGSL.replace("VU", f"{v}u")))
     acts = [net.x, net.qkv, net.attn, net.gu, net.h, net.logits]
     out = []
     for d in dispatches:
@@ -88,9 +92,9 @@ def streamed(dev, net, dispatches, which, v: int, cache: dict):
         n_vec = max(1, d.bytes // 16)
         groups = -(-n_vec // (256 * v))
         gx, gy = min(groups, 32768), -(-groups // 32768)
-        src = cache.get(("src", id(d))) or cache.setdefault(("src", id(d)), dev.buffer(n_vec * 16))
-        sink = cache.get(("out", gx * gy)) or cache.setdefault(("out", gx * gy), dev.buffer(gx * gy * 256 * 4))
-        bg = cache.get(("bg", id(d), v)) or cache.setdefault(("bg", id(d), v), dev.bind_group(pipe, [src, sink, *acts]))
+        src = memo(("src", id(d)), lambda: dev.buffer(n_vec * 16))
+        sink = memo(("out", gx * gy), lambda: dev.buffer(gx * gy * 256 * 4))
+        bg = memo(("bg", id(d), v), lambda: dev.bind_group(pipe, [src, sink, *acts]))
         out.append(Dispatch(pipe, bg, (gx, gy, 1), label="stream", bytes=d.bytes))
     return Plan(dev, out)
 
