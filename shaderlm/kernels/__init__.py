@@ -9,7 +9,8 @@ Directives (each on its own line):
   #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
                        (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
                        index an array (nestable, each level with its own variable)
-and `{{NAME}}` anywhere is replaced by str(define).
+and `{{NAME}}` anywhere is replaced by str(define). Conditionals apply first, then #unroll, then
+#include, so a dropped block's #unroll count need not be defined.
 """
 from __future__ import annotations
 
@@ -43,25 +44,12 @@ def _expand(name: str, defines: dict, included: set, prefixed: dict) -> str:
     if name in included:
         return ""
     included.add(name)
-    lines = _unroll(name, (KERNEL_DIR / f"{name}.wgsl").read_text().splitlines(), defines)
-    out, stack = [], []          # stack of (this branch active, any branch taken)
-    for line in lines:
+    text = (KERNEL_DIR / f"{name}.wgsl").read_text().splitlines()
+    # conditionals first, so an #unroll in a dropped block needs no count
+    out = []
+    for line in _unroll(name, _kept(name, text, defines), defines):
         s = line.strip()
-        active = all(a for a, _ in stack)
-        if s.startswith("#if "):
-            sym = s[4:].strip()
-            neg = sym.startswith("!")
-            val = bool(defines.get(sym.lstrip("!")))
-            val = not val if neg else val
-            stack.append((val, val))
-        elif s == "#else":
-            a, taken = stack.pop()
-            stack.append((not taken, True))
-        elif s == "#endif":
-            stack.pop()
-        elif not active:
-            continue
-        elif s.startswith("#include "):
+        if s.startswith("#include "):
             inc = _SUB.sub(lambda m: _value(defines, m.group(1), name), s[9:].strip())
             if " as " in inc:
                 inc, prefix = (v.strip() for v in inc.split(" as "))
@@ -70,9 +58,28 @@ def _expand(name: str, defines: dict, included: set, prefixed: dict) -> str:
                 out.append(_expand(inc, defines, included, prefixed))
         else:
             out.append(line)
+    return "\n".join(out)
+
+
+def _kept(name: str, lines: list, defines: dict) -> list:
+    """The lines that `#if` / `#else` / `#endif` keep, without those directives."""
+    out, stack = [], []          # stack of (this branch active, any branch taken)
+    for line in lines:
+        s = line.strip()
+        if s.startswith("#if "):
+            sym = s[4:].strip()
+            val = bool(defines.get(sym.lstrip("!"))) != sym.startswith("!")
+            stack.append((val, val))
+        elif s == "#else":
+            a, taken = stack.pop()
+            stack.append((not taken, True))
+        elif s == "#endif":
+            stack.pop()
+        elif all(a for a, _ in stack):
+            out.append(line)
     if stack:
         raise ValueError(f"kernel {name}: unterminated #if")
-    return "\n".join(out)
+    return out
 
 
 def _prefixed(name: str, prefix: str, defines: dict, included: set, prefixed: dict) -> str:

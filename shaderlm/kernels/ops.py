@@ -238,7 +238,7 @@ def _bfly_defines(dev, rows: int, glu: bool, bfly) -> dict:
     values rounded up to BFN (a power of 2), passed as BF_ARGS, and the subgroup size compiled in (SGC)
     so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
     if not (bfly and bfly_ok(dev, rows, glu)):
-        return dict(SG_BFLY=False, BF_TAIL=0)     # (#unroll expands before #if drops the block)
+        return dict(SG_BFLY=False)
     bfn = bfly_values(rows, glu)
     args = [f"acc{i}" for i in range(rows)] + [f"up{i}" for i in range(rows if glu else 0)]
     return dict(SG_BFLY=True, BFN=bfn, BF2=bfn == 2, BF4=bfn == 4, BF8=bfn == 8, SGC=dev.subgroup_size,
