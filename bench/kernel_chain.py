@@ -76,6 +76,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 """
 
 
+HEAVY = 1 << 20      # --stream replaces the dispatches reading this many bytes or more
+
+
 def streamed(dev, net, dispatches, which, v: int, cache: dict):
     """The plan with the dispatches in `which` (ids) replaced by streams of their bytes, V loads a thread."""
     def memo(key, make):
@@ -128,39 +131,38 @@ def main():
             gbs = nbytes / (us * 1e-6) / 1e9 if nbytes else 0
             print(f"{label:>22} | {str(grid):>16} | {nbytes / 1e6:7.2f} | {len(ds):>5} | {us:7.2f} | {gbs:6.0f} | "
                   f"{us * len(ds):10.1f}")
-        step = timed(dev, net.plan_decode, 20, net.state) * 1e6
-        net.set_state(len(ids), 1, 0)
-        print(f"sum {total:.0f} us; whole decode step back to back: {step:.0f} us (= {1e6 / step:.0f} tok/s), "
-              f"{len(net.plan_decode)} dispatches")
-        if a.ablate:
-            print(f"{'left out':>22} | {'grid':>16} | {'calls':>5} | {'step us':>8} | {'saved us':>8} | {'per call':>8}")
-            for (label, grid, nbytes), ds in groups.items():
-                drop = set(map(id, ds))
-                rest = Plan(dev, [d for d in net.plan_decode.dispatches if id(d) not in drop])
-                us = timed(dev, rest, 20, net.state) * 1e6
-                net.set_state(len(ids), 1, 0)
-                print(f"{label:>22} | {str(grid):>16} | {len(ds):>5} | {us:8.0f} | {step - us:8.1f} | "
-                      f"{(step - us) / len(ds):8.2f}")
-        if a.stream:
-            plan, cache = net.plan_decode.dispatches, {}
-            heavy = [d for d in plan if d.bytes >= 1 << 20]
-            print(f"streams for the {len(heavy)} dispatches reading 1 MB or more ({sum(d.bytes for d in heavy) / 1e6:.0f} MB):")
-            best, best_v = None, 0
-            for v in (1, 4, 16):
-                us = timed(dev, streamed(dev, net, plan, set(map(id, heavy)), v, cache), 20, net.state) * 1e6
-                net.set_state(len(ids), 1, 0)
-                print(f"  all streamed, {v:>2} loads a thread: step {us:.0f} us (= {1e6 / us:.0f} tok/s)")
-                if best is None or us < best:
-                    best, best_v = us, v
-            print(f"{'streamed':>22} | {'grid':>16} | {'calls':>5} | {'step us':>8} | {'gain us':>8} | {'per call':>8}")
-            for (label, grid, nbytes), ds in groups.items():
-                if nbytes < 1 << 20:
-                    continue
-                us = timed(dev, streamed(dev, net, plan, set(map(id, ds)), best_v, cache), 20, net.state) * 1e6
-                net.set_state(len(ids), 1, 0)
+        def step_us(plan):
+            """us a whole step of `plan`, back to back; the position reset after (each step advances it)"""
+            us = timed(dev, plan, 20, net.state) * 1e6
+            net.set_state(len(ids), 1, 0)
+            return us
+
+        def by_group(heading, saved, plan_for, which):
+            """A step per group in `which`, each timed with plan_for(that group's dispatch ids)."""
+            print(f"{heading:>22} | {'grid':>16} | {'calls':>5} | {'step us':>8} | {saved:>8} | {'per call':>8}")
+            for (label, grid, nbytes), ds in which:
+                us = step_us(plan_for(set(map(id, ds))))
                 print(f"{label:>22} | {str(grid):>16} | {len(ds):>5} | {us:8.0f} | {step - us:8.1f} | "
                       f"{(step - us) / len(ds):8.2f}")
 
+        plan = net.plan_decode.dispatches
+        step = step_us(net.plan_decode)
+        print(f"sum {total:.0f} us; whole decode step back to back: {step:.0f} us (= {1e6 / step:.0f} tok/s), "
+              f"{len(plan)} dispatches")
+        if a.ablate:
+            by_group("left out", "saved us", lambda drop: Plan(dev, [d for d in plan if id(d) not in drop]),
+                     groups.items())
+        if a.stream:
+            cache, heavy = {}, [d for d in plan if d.bytes >= HEAVY]
+            print(f"streams for the {len(heavy)} dispatches reading 1 MB or more "
+                  f"({sum(d.bytes for d in heavy) / 1e6:.0f} MB):")
+            best = {}
+            for v in (1, 4, 16):
+                best[v] = us = step_us(streamed(dev, net, plan, set(map(id, heavy)), v, cache))
+                print(f"  all streamed, {v:>2} loads a thread: step {us:.0f} us (= {1e6 / us:.0f} tok/s)")
+            v = min(best, key=best.get)
+            by_group("streamed", "gain us", lambda only: streamed(dev, net, plan, only, v, cache),
+                     [(key, ds) for key, ds in groups.items() if key[2] >= HEAVY])
 
 if __name__ == "__main__":
     main()

@@ -12,9 +12,7 @@
 fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32) {
     let xrow = XRow(t * (p.k / 4u));
     ss = 0.0;
-    let bpr = p.k / WQK;          // wide blocks per row
-    let chunks = bpr * CPB;
-    let last = p.rows - 1u;       // rows past the end recompute the last row (result unused)
+    let chunks = p.k / WQK * CPB;     // a row's chunks (CPB per wide block)
 #if HOIST
     // HOIST: each lane's STEPS chunks (hc) are the same for every group, so their x is converted once,
     // before the groups. A step past the row's end reads x as zeros (x_on).
@@ -81,12 +79,6 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
     }
 #end
 #else
-#unroll ROWS
-    let blk$i = min(rbase0 + $iu, last) * bpr;
-#if GLU
-    let ublk$i = (min(rbase0 + $iu, last) + p.rows) * bpr;
-#endif
-#end
     // GROUPS == 1: STEPS chunk steps per trip, strided by the workgroup: every weight load of all of
     // them is issued before any arithmetic, so STEPS x ROWS loads per lane are in flight together
     // whatever the compiler's scheduling. A step past the row's end (when STEPS x WG does not divide
@@ -97,9 +89,9 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
         let b$u = c$u / CPB;
         let cc$u = c$u % CPB;
 #unroll ROWS
-        let cw$u_$i = chunk_load(blk$i + b$u, cc$u);
+        let cw$u_$i = row_chunk(rbase0 + $iu, 0u, c$u);
 #if GLU
-        let cu$u_$i = chunk_load(ublk$i + b$u, cc$u);
+        let cu$u_$i = row_chunk(rbase0 + $iu, p.rows, c$u);
 #endif
 #end
 #end
@@ -204,12 +196,13 @@ fn row_out(rr: u32, row_i: u32, t: u32, nsg: u32) {
 
 #if SG_BFLY
 // SG_BFLY: the group's row sums (v0.. the ROWS rows, then GLU's up rows, zeros up to BFN) reduced over
-// the subgroup together, for the adapter's probed subgroup size SGC (rows() checks the one it runs in). Each butterfly step pairs values a lane holds: lanes with the step's mask
-// bit clear keep the first of a pair and send the second to their partner, the others the reverse,
-// so one shuffle halves two values; after log2(BFN) steps each lane holds one value, index
-// lane / (size / BFN), and plain xor-shuffles finish it: BFN - 1 + log2(size / BFN) shuffles in all,
-// against BFN x log2(size) for a subgroupAdd per value (H200, tuned, tg128: Llama 8B Q4_0 +5%, 1B
-// Q4_K_M +1%, but 1B Q8_0 -4.5%, so the tuner tries each picked shape without it too).
+// the subgroup together, for the adapter's probed subgroup size SGC (rows() checks the one it runs
+// in). Each butterfly step pairs values a lane holds: lanes with the step's mask bit clear keep the
+// first of a pair and send the second to their partner, the others the reverse, so one shuffle
+// halves two values; after log2(BFN) steps each lane holds one value, index lane / (size / BFN), and
+// plain xor-shuffles finish it: BFN - 1 + log2(size / BFN) shuffles in all, against BFN x log2(size)
+// for a subgroupAdd per value (H200, tuned, tg128: Llama 8B Q4_0 +5%, 1B Q4_K_M +1%, but 1B Q8_0
+// -4.5%, so the tuner tries each picked shape without it too).
 fn bf_pair(a: f32, b: f32, m: u32, lane: u32) -> f32 {
     let hi = (lane & m) != 0u;
     return select(a, b, hi) + subgroupShuffleXor(select(b, a, hi), m);

@@ -256,7 +256,8 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
          glu=False, gelu=False, shape=None) -> list[Dispatch]:
     """The decode GEMV (gemv.wgsl): 16-byte weight loads, x chunk reused over several rows.
     `shape` (full_shape's tuple, or a prefix of it): default the adapter's tuned one, else gemv_shape.
-    x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32). With w.int8_x (opt-in, not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
+    x24: x as 24-bit fixed point for integer dots (X24, as accurate as f32). With w.int8_x (opt-in,
+    not exact) x is rounded to int8 for them instead (INT_DOT without X24)."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     tune, sd = _gemv_tuning(dev, [w], key, glu, shape, lambda s: gemv(
