@@ -6,13 +6,17 @@
 # /tmp/smol.gguf (carried in two halves), also its bench row and greedy dump (scripts/greedy_dump.py).
 #   bash bench/h200_final.sh [--int8-act]     (the flag: the opt-in int8-activation GEMVs throughout;
 #                                               outputs get the suffix -int8)
+# PART=table runs the tuning, the table and the real SmolLM2 only; PART=steps the 8B profiles only (on
+# the same machine after a PART=table call: tuning all five models takes most of a 10-minute call).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 D=/tmp/ys
 FLAG=${1:-}
 SUF=${FLAG:+-int8}
 [ -n "$FLAG" ] && export SHADERLM_INT8_ACT=1         # for the scripts that load without the CLI
+PART=${PART:-all}
 bash bench/yardsticks.sh $D --synth-only
+if [ "$PART" != steps ]; then
 for f in $D/*.gguf; do
   echo "== shaderlm tune -m $f $FLAG"; python3 -m shaderlm.cli tune -m "$f" $FLAG 2>&1 | grep -v -E "Warn|warn"
 done | tee $OUT/tune$SUF.txt
@@ -23,5 +27,7 @@ if [ -s /tmp/smol.gguf ]; then
   python3 -m shaderlm.cli bench -m /tmp/smol.gguf -p 512 -n 128 -r 5 $FLAG 2>&1 | grep -v Warn | tee $OUT/smol_real$SUF.txt
   python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu$SUF.json && echo "greedy dump written"
 fi
+fi
+[ "$PART" = table ] && exit 0
 python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 $FLAG 2>&1 | tee $OUT/profile8b$SUF.txt | head -14
 python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf --ablate 2>&1 | grep -v Warn | tee $OUT/chain8b$SUF.txt

@@ -51,8 +51,11 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
     m = shaderlm.load(path, progress=False, ctx=64)
     keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
     assert any(k.startswith("gemv") for k in keys)
-    # one timing round per distinct key, then the best shape against its f32-x twin (all are x24 types)
-    assert autotune._timer.calls[1::2] == [2] * len(keys) and len(autotune._timer.calls) == 2 * len(keys)
+    # per distinct key: one timing round of all candidates, the default and the fastest few again, then
+    # the best shape against its f32-x twin (all are x24 types)
+    calls = autotune._timer.calls
+    assert len(calls) == 3 * len(keys) and calls[2::3] == [2] * len(keys), calls
+    assert all(2 <= n <= 1 + autotune.FINALISTS and n < first for first, n in zip(calls[::3], calls[1::3])), calls
     cache = autotune.cache_path(dev)
     shapes = json.loads(cache.read_text())["shapes"]
     assert set(shapes) == keys

@@ -856,14 +856,15 @@ def assert_shapes(dev, c, shapes, case):
 def test_gemv_row_groups(dev, case):
     """Several row groups per workgroup (gemv.wgsl HOIST: each lane's x chunks converted once for all
     of them) compute the GEMV, x24 and f32 x alike, their row sums reduced by subgroupAdd or by the
-    butterfly (2, 4 and 8 values, rounded up from 3 and 6), with and without the next group's weights
+    butterfly (2, 4 and 8 values, rounded up from 3 and 6; 16 with GLU's 8 rows take subgroupAdd),
+    with and without the next group's weights
     prefetched: group counts that do and do not divide the 37 rows,
     lanes past a row's chunks (Q4_K 512: 16 chunks on 32 lanes; Q4_0 1056: 33 chunks in 2 steps), a
     fused GLU + norm and the Q4_K + Q6_K pair."""
     c = gemv_case(dev, case, len(case) * 3)
     lanes = max(32, dev.subgroup_size or 1)
     assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24, bf, pf)
-                           for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8))
+                           for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8), (8, 3))
                            for x24, bf, pf in ((0, 1, 1), (1, 1, 0), (1, 0, 1), (1, 1, 1))], case)
 
 
@@ -876,19 +877,20 @@ def test_gemv_row_groups_need_one_trip(dev):
 
 def test_gemv_row_group_candidates(dev):
     """The tuner offers row-group shapes for large matrices (8B-like gate+up, down and the Q4_K+Q6_K
-    pair), each one that gemv.wgsl can build (hoist_ok), and none where they would leave under 256
-    workgroups."""
+    pair), each one that gemv.wgsl can build (hoist_ok), groups of 8 rows except with GLU (16 weight
+    rows a group), and none where they would leave under 128 workgroups."""
     def weight(name, rows, cols):
         return SimpleNamespace(qtype=QUANT_TYPES[name], rows=rows, cols=cols, int8_x=False)
     for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
                     ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
-                    ([weight("Q4_K", 500, 4096)], False)):
+                    ([weight("Q4_K", 200, 4096)], False)):
         default = ops.gemv_shape(dev, ws[0], glu) + (1, 1)
         grouped = [s for s in ops.gemv_candidates(dev, ws, glu, default) if s[3] > 1]
         out_rows = sum(w.rows // (1 + glu) for w in ws)
-        assert bool(grouped) == (out_rows >= 512), (ws[0].rows, grouped)
+        assert bool(grouped) == (out_rows >= 256), (ws[0].rows, grouped)
+        assert any(s[1] == 8 for s in grouped) == (out_rows >= 2048 and not glu), (ws[0].rows, grouped)
         for s in grouped:
-            assert ops.hoist_ok(dev, ws, s) and out_rows >= 256 * s[1] * s[3], s
+            assert ops.hoist_ok(dev, ws, s) and out_rows >= 128 * s[1] * s[3], s
 
 
 def x24_edit(x):

@@ -172,8 +172,10 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     two weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has
     chunks for both (H200 sweep, int8 x, Q4_K 28672x4096: 64 x 8 x 2 1,645 GB/s, the default 1,453).
     Then several row groups per workgroup (HOIST: each lane's x converted once for all of them): the
-    fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2 or
-    4 rows and 2, 4 or 8 groups, where that leaves at least 256 workgroups; each with and without
+    fewest lanes (a multiple of the subgroup) that cover a row's chunks in 1 or 2 steps, by 1, 2, 4
+    or 8 rows (not 8 with GLU) and 2, 4 or 8 groups, where that leaves at least 128 workgroups (H200,
+    Llama 8B Q4_0: QKV 128x8/2 +3.0% and down 448x8/4 in 128 workgroups +2.3% over the picks
+    without them, tg128 of the whole model); each with and without
     prefetching the next group's weights (gemv_rows.wgsl PF: on the H200 the tuner kept it for 17 of
     the 21 row-group shapes it picked over the yardstick models, and the best shapes differ with it).
     All in the default's x mode (the best one's f32 twin and butterfly twin are tried after: gemv_refine)."""
@@ -192,10 +194,10 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
         g = max(sgs, -(-most // steps // sgs) * sgs)       # lanes: a multiple of the subgroup
         if g > lim:
             continue
-        for r in (1, 2, 4):
+        for r in (1, 2, 4) if glu else (1, 2, 4, 8):
             for groups in (2, 4, 8):
                 s = (g, r, steps, groups)
-                if hoist_ok(dev, ws, s) and out_rows >= 256 * r * groups:
+                if hoist_ok(dev, ws, s) and out_rows >= 128 * r * groups:
                     out += [s + (1,), s + (0,)]
     return list(dict.fromkeys(s[:4] + (default[4], int(default[5] and bfly_ok(dev, s[1], glu)), s[4])
                               for s in out))
