@@ -6,8 +6,9 @@
 # /tmp/smol.gguf (carried in two halves), also its bench row and greedy dump (scripts/greedy_dump.py).
 #   bash bench/h200_final.sh [--int8-act]     (the flag: the opt-in int8-activation GEMVs throughout;
 #                                               outputs get the suffix -int8)
-# PART=table runs the tuning, the table and the real SmolLM2 only; PART=steps the 8B profiles only (on
-# the same machine after a PART=table call: tuning all five models takes most of a 10-minute call).
+# PART=table runs the tuning and the table only; PART=steps the real SmolLM2 and the 8B profiles (on the
+# same machine right after a PART=table call, which leaves its tuning cache there: tuning and benching
+# the five models took 10 minutes in round 14, a call's limit).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 D=/tmp/ys
@@ -21,13 +22,14 @@ for f in $D/*.gguf; do
   echo "== shaderlm tune -m $f $FLAG"; python3 -m shaderlm.cli tune -m "$f" $FLAG 2>&1 | grep -v -E "Warn|warn"
 done | tee $OUT/tune$SUF.txt
 bash bench/yardsticks.sh $D $FLAG 2>&1 | grep -v -E "Warn|warn" | tee $OUT/yardsticks$SUF.txt
+fi
+[ "$PART" = table ] && exit 0
 if [ -s /tmp/smol.gguf ]; then
   md5sum /tmp/smol.gguf
   python3 -m shaderlm.cli tune -m /tmp/smol.gguf $FLAG 2>&1 | grep -v -E "Warn|warn" | tail -3
   python3 -m shaderlm.cli bench -m /tmp/smol.gguf -p 512 -n 128 -r 5 $FLAG 2>&1 | grep -v Warn | tee $OUT/smol_real$SUF.txt
   python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu$SUF.json && echo "greedy dump written"
 fi
-fi
-[ "$PART" = table ] && exit 0
 python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 $FLAG 2>&1 | tee $OUT/profile8b$SUF.txt | head -14
 python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf --ablate 2>&1 | grep -v Warn | tee $OUT/chain8b$SUF.txt
+python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_0.gguf --ablate --stream 2>&1 | grep -v Warn | tee $OUT/chain8b_q40$SUF.txt
