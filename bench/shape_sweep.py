@@ -7,7 +7,9 @@ The model loads with the adapter's tuned shapes (tune it first: `shaderlm tune`)
 name contains --key is swept in turn. Shapes are full_shape tuples (workgroup size, rows, steps,
 groups, x24, butterfly, prefetch). --hoist-grid adds every row-group shape of 1-8 rows, 2-16 groups,
 with and without the prefetch, for the lane counts covering a row in 1 or 2 steps. Each step is
-timed as the tuner times it (autotune._timer: median of 5, interleaved), at position --context.
+timed as the tuner's first round times it (autotune._timer: median of 5, interleaved), at position
+--context. One round is noisy (bench/NOTES.md, round 14: a gate+up shape 6% of a step ahead in the
+sweep decoded 0.2% slower): check a pick in tg128 with the cache edited before believing it.
 """
 from __future__ import annotations
 
