@@ -95,3 +95,20 @@ def test_tune_off_uses_heuristics_only(tuning, synth_gguf, monkeypatch):
     cache = autotune.cache_path(dev)
     shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64)
     assert not cache.exists() and not dev.tuned and not autotune._timer.calls
+
+
+def test_candidate_plans_skip_what_cannot_build(tuning, synth_gguf):
+    """autotune._plans builds a key's candidate plans (on several threads) in the order given, and
+    skips, by name, a shape the weight cannot take."""
+    m = shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64, tune=False)
+    plan = m.net.plan_decode
+    groups = autotune._groups(plan)
+    key = next(k for k in groups if k.startswith("gemv "))
+    good = groups[key][0].candidates()[:4]
+    bad = (16, 2, 1, 64, 0)            # 64 groups of 2 rows: more rows than the 16 lanes
+    logs = []
+    plans = autotune._plans(m.device, plan, key, [good[0], bad, *good[1:]], logs.append)
+    assert list(plans) == good
+    assert len(logs) == 1 and str(bad) in logs[0] and "skipped" in logs[0], logs
+    for shape, p in plans.items():
+        assert len(p.dispatches) == len(plan.dispatches), shape

@@ -27,6 +27,12 @@ def raw_compute_calls():
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
 
+def parallel_compile_ok() -> bool:
+    """Pipelines may be created from several threads at once: wgpu-native's device is thread-safe.
+    Not assumed of another package (one thread there)."""
+    return wgpu.__name__ == "wgpu"
+
+
 class IndexedSubmission:
     """Submit and read back by submission index, through wgpu-native's C API.
 
