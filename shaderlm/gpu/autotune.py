@@ -1,13 +1,13 @@
 """Per-adapter tuning of kernel shapes, measured on first use and cached on disk.
 
 A dispatch whose shape can vary without changing its result (beyond f32 rounding: the order of
-sums, or a decode GEMV's x24 x) carries a Tunable: a key naming what
-decides the best shape (kernel, weight types, matrix shape, fusions), the shapes worth trying, and a
-way to rebuild it with another shape. `tune_plan` groups a plan's dispatches by key and, one key
-at a time, times the whole plan with all of that key's dispatches (a model's 32 o-projections, say) in
-each candidate shape; it keeps the fastest and writes the choice to a JSON file per adapter, driver
-and kernel source. Later loads build with the cached shapes
-and tune nothing.
+sums, or a decode GEMV's x24 x) carries a Tunable: a key naming what decides the best shape (kernel,
+weight types, matrix shape, fusions), the shapes worth trying, and a way to rebuild it with another
+shape. `tune_plan` groups a plan's dispatches by key and, one key at a time, times the whole plan
+with all of that key's dispatches (a model's 32 o-projections, say) in each candidate shape, times
+the fastest few again with longer samples, keeps the fastest of those and writes the choice to a
+JSON file per adapter, driver and kernel source. Later loads build with the cached shapes and tune
+nothing.
 
 SHADERLM_TUNE: "auto" (default) tunes on GPUs and not on CPU adapters (lavapipe: slow, and its
 shapes matter little), "1" tunes on any adapter, "0" uses neither the cache nor tuning (the built-in
@@ -187,8 +187,7 @@ def tune_plan(dev, plan, *, reset, max_repeat: int = 64, force: bool = False, re
         if cands[0] not in plans:
             continue
         _, times = fastest(plans, min_s)
-        # the default and the first round's FINALISTS fastest again, with samples 3x as long: the
-        # fastest of ~75 single rounds is partly the luckiest
+        # the default and the first round's FINALISTS fastest again, with samples 3x as long
         finalists = dict.fromkeys([cands[0]] + sorted(times, key=times.get)[:FINALISTS])
         best, times = fastest({c: plans[c] for c in finalists}, 3 * min_s)
         extra = _plans(dev, plan, key, [c for c in (tunable.refine(best) if tunable.refine else [])
