@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -29,16 +30,16 @@ from kernel_chain import streamed                        # noqa: E402
 
 
 def hoist_grid(dev, key: str, tuned: tuple) -> list:
-    """Row-group shapes in the tuned one's x24 and butterfly choice: the fewest lanes (a multiple of
-    32) covering the key's row in 1 or 2 steps, by 1-8 rows and 2-16 groups, with and without the
-    prefetch. The key names the types and K ("gemv Q4_0 128256x4096 norm", "gemv_pair Q4_K+Q6_K ...")."""
+    """Row-group shapes in the tuned one's x24 and butterfly choice: the tuner's lane counts
+    (ops.hoist_lanes, for 1 or 2 steps), by 1-8 rows and 2-16 groups, with and without the prefetch.
+    The key names the types and K ("gemv Q4_0 128256x4096 norm", "gemv_pair Q4_K+Q6_K ...")."""
     types, k = key.split()[1].split("+"), int(key.split()[2].split("x")[1])
-    chunks = max(k // QUANT_TYPES[t].wide[0] * QUANT_TYPES[t].wide[1] for t in types)
+    chunks = max(ops.gemv_chunks(SimpleNamespace(qtype=QUANT_TYPES[t], cols=k)) for t in types)
     glu = key.split()[3:4] == ["glu"]
     x24, bfly = tuned[4:6]
     out = []
     for st in (1, 2):
-        g = -(-chunks // st // 32) * 32
+        g = ops.hoist_lanes(dev, chunks, st)
         for r in (1, 2, 4, 8):
             for groups in (2, 4, 8, 16):
                 for pf in (1, 0):

@@ -180,27 +180,34 @@ def gemv_candidates(dev, ws, glu: bool, default: tuple) -> list[tuple]:
     the 21 row-group shapes it picked over the yardstick models, and the best shapes differ with it).
     All in the default's x mode (the best one's f32 twin and butterfly twin are tried after: gemv_refine)."""
     default = full_shape(default)
+
+    def shape(g, r, steps=1, groups=1, pf=0):        # in the default's x mode, the butterfly where it fits
+        return g, r, steps, groups, default[4], int(default[5] and bfly_ok(dev, r, glu)), pf
     chunks = min(map(gemv_chunks, ws))
     lim = int(dev.limits.get("max-compute-invocations-per-workgroup", 256))
     sgs = max(32, dev.subgroup_size or 1)
     wgs = [g for g in (32, 64, 128, 256) if sgs <= g <= min(lim, 2 * chunks)] or [default[0]]
     rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
-    # (workgroup size, rows, steps, groups, prefetch); x24 and the butterfly are set below
-    out = [default[:4] + default[6:]] + [(g, r, 1, 1, 0) for g in wgs for r in rows]
-    out += [(g, r, 2, 1, 0) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
+    out = [shape(*default[:4], default[6])] + [shape(g, r) for g in wgs for r in rows]
+    out += [shape(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
     most = max(map(gemv_chunks, ws))
     out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
     for steps in (1, 2):
-        g = max(sgs, -(-most // steps // sgs) * sgs)       # lanes: a multiple of the subgroup
+        g = hoist_lanes(dev, most, steps)
         if g > lim:
             continue
         for r in (1, 2, 4) if glu else (1, 2, 4, 8):
             for groups in (2, 4, 8):
-                s = (g, r, steps, groups)
-                if hoist_ok(dev, ws, s) and out_rows >= 128 * r * groups:
-                    out += [s + (1,), s + (0,)]
-    return list(dict.fromkeys(s[:4] + (default[4], int(default[5] and bfly_ok(dev, s[1], glu)), s[4])
-                              for s in out))
+                if hoist_ok(dev, ws, (g, r, steps, groups)) and out_rows >= 128 * r * groups:
+                    out += [shape(g, r, steps, groups, 1), shape(g, r, steps, groups, 0)]
+    return list(dict.fromkeys(out))
+
+
+def hoist_lanes(dev, chunks: int, steps: int) -> int:
+    """The fewest lanes (a multiple of the subgroup size or of 32, whichever is larger) covering a
+    row's `chunks` in `steps` chunk steps: the row-group shapes' workgroup size."""
+    sgs = max(32, dev.subgroup_size or 1)
+    return max(sgs, -(-chunks // steps // sgs) * sgs)
 
 
 def gemv_refine(shape) -> list:
