@@ -12,17 +12,27 @@ BufferUsage = wgpu.BufferUsage
 MapMode = wgpu.MapMode
 
 
+def native_api():
+    """wgpu-native's cffi handles (ffi, lib, libf) when the binding is wgpu-py, else None: another
+    WebGPU package is used through its public API only."""
+    if wgpu.__name__ != "wgpu":
+        return None
+    try:
+        from wgpu.backends.wgpu_native._api import ffi, lib, libf
+    except Exception:  # noqa: BLE001
+        return None
+    return ffi, lib, libf
+
+
 def raw_compute_calls():
     """(set_pipeline, set_bind_group, dispatch, NULL) straight from wgpu-native's C API, or None.
 
     Encoding through wgpu-py's checked wrappers costs ~5 us a dispatch; the raw cffi calls ~0.6 us,
     which matters when a decode step is a few hundred dispatches."""
-    try:
-        from wgpu.backends.wgpu_native._api import ffi, lib
-    except Exception:  # noqa: BLE001 - another WebGPU package: use its public API
+    api = native_api()
+    if api is None:
         return None
-    if wgpu.__name__ != "wgpu":
-        return None
+    ffi, lib, _ = api
     return (lib.wgpuComputePassEncoderSetPipeline, lib.wgpuComputePassEncoderSetBindGroup,
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
@@ -30,7 +40,7 @@ def raw_compute_calls():
 def parallel_compile_ok() -> bool:
     """Pipelines may be created from several threads at once: wgpu-native's device is thread-safe.
     Not assumed of another package (one thread there)."""
-    return wgpu.__name__ == "wgpu"
+    return native_api() is not None
 
 
 class IndexedSubmission:
@@ -86,10 +96,5 @@ class IndexedSubmission:
 def indexed_submission(device):
     """An IndexedSubmission for wgpu-native devices; None for other WebGPU packages (which use the
     plain submit and map_sync)."""
-    try:
-        from wgpu.backends.wgpu_native._api import ffi, lib, libf
-    except Exception:  # noqa: BLE001
-        return None
-    if wgpu.__name__ != "wgpu":
-        return None
-    return IndexedSubmission(device, ffi, lib, libf)
+    api = native_api()
+    return None if api is None else IndexedSubmission(device, *api)

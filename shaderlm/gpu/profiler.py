@@ -13,14 +13,16 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .backend import BufferUsage
+from .backend import BufferUsage, native_api
 
 
 def _timestamp_period(dev) -> float:
+    api = native_api()
+    if api is None:          # other WebGPU packages report nanoseconds
+        return 1.0
     try:
-        from wgpu.backends.wgpu_native._api import lib
-        return float(lib.wgpuQueueGetTimestampPeriod(dev.queue._internal))
-    except Exception:  # noqa: BLE001 - other WebGPU packages report nanoseconds
+        return float(api[1].wgpuQueueGetTimestampPeriod(dev.queue._internal))
+    except Exception:  # noqa: BLE001 - a wgpu-native without the call: nanoseconds
         return 1.0
 
 
