@@ -4,7 +4,8 @@
 # same shapes, the variants interleaved over two rounds so clock drift hits all alike.
 #   bash bench/define_ab.sh VARIANTS MODEL...
 #     VARIANTS: comma-separated SHADERLM_DEFINES values, "-" for none, ":" joining several defines,
-#               or @DIR: the shaderlm package in DIR (another version's tree, e.g. `git archive` of the base)
+#               or @DIR: the shaderlm package in DIR (another version's tree, e.g. `git archive` of the base),
+#               or NAME=VALUE: an environment setting, "/" in VALUE standing for "," (SHADERLM_L2PF=16/128)
 #     MODEL: a yardstick file name without .gguf (bench/yardsticks.sh writes them to /tmp/ys)
 set -uo pipefail
 export PYTHONUNBUFFERED=1
@@ -19,8 +20,9 @@ for round in 1 2; do
   for name; do
     for v in $variants; do
       defs=$(echo "$v" | tr : ,); [ "$defs" = - ] && defs=""; tree=.
-      case $v in @*) tree=${v#@}; defs="";; esac
-      r=$(cd $tree && SHADERLM_DEFINES=$defs python3 -m shaderlm.cli bench -m $D/$name.gguf -p 16 -n 128 -r 5 2>&1 | grep tg128)
+      envs=()
+      case $v in @*) tree=${v#@}; defs="";; *=*) envs=("$(echo "$v" | tr / ,)"); defs="";; esac
+      r=$(cd $tree && env "${envs[@]}" SHADERLM_DEFINES=$defs python3 -m shaderlm.cli bench -m $D/$name.gguf -p 16 -n 128 -r 5 2>&1 | grep tg128)
       echo "round $round | $name | ${v} | $r"
     done
   done

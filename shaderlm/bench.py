@@ -17,14 +17,20 @@ def decode_bytes(model) -> int:
     return int(sum(d.bytes for d in model.net.plan_decode.dispatches))
 
 
-def bench_prompt(model, n: int, reps: int) -> list[float]:
-    net, gen = model.net, model.generator
-    rng = np.random.default_rng(0)
-    ids = rng.integers(0, net.cfg.vocab_size, n).tolist()
+def _random_ids(model, n: int, seed: int = 0) -> list[int]:
+    return np.random.default_rng(seed).integers(0, model.net.cfg.vocab_size, n).tolist()
+
+
+def bench_prompt(model, n: int, reps: int, depth: int = 0) -> list[float]:
+    """Prefill tok/s of n tokens after `depth` tokens already in the KV cache (llama-bench's -d)."""
+    gen = model.generator
+    ids = _random_ids(model, n)
+    if depth:
+        gen._prefill(_random_ids(model, depth, 1), 0, sample=False)
     out = []
     for r in range(reps + 1):
         t0 = time.perf_counter()
-        gen._prefill(ids, 0, sample=True)
+        gen._prefill(ids, depth, sample=True)
         gen._read_tokens(n, 1)
         dt = time.perf_counter() - t0
         if r:                                   # the first run warms pipelines and caches
@@ -32,14 +38,16 @@ def bench_prompt(model, n: int, reps: int) -> list[float]:
     return out
 
 
-def bench_gen(model, n: int, reps: int) -> tuple[list[float], list[float]]:
-    """Decode tok/s per repetition, and the CPU seconds per token spent encoding."""
+def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], list[float]]:
+    """Decode tok/s per repetition, and the CPU seconds per token spent encoding; with `depth`, the
+    tokens are generated after a prompt of that many tokens (its prefill not timed)."""
     gen = model.generator
     from .engine.generate import Sampling
+    prompt = _random_ids(model, depth, 1) if depth else [1]
     out, cpu = [], []
     for r in range(reps + 1):
         gen.reset()
-        toks = list(gen.generate([1], n, Sampling(), stop_ids=(), keep_history=False))
+        toks = list(gen.generate(prompt, n, Sampling(), stop_ids=(), keep_history=False))
         assert len(toks) == n
         s = gen.stats
         if r:
@@ -56,24 +64,32 @@ def run(args):
         dev = get_device(args.device)
         args.peak_gbs = peak_read_gbs(dev)
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
-    need = max(args.p + [0]) + max(args.n + [0]) + 8
+    need = max(args.d) + max(args.p + [0]) + max(args.n + [0]) + 8
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
                               tokens_per_submit=args.tokens_per_submit, progress=False,
                               int8_act=args.int8_act)
+        if need > model.net.ctx:
+            from .errors import ContextFullError
+            raise ContextFullError(f"bench: depth {max(args.d)} + prompt {max(args.p + [0])} + generated "
+                                   f"{max(args.n + [0])} tokens do not fit {model.path}'s context of "
+                                   f"{model.net.ctx} tokens")
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
         quant = model.gguf.metadata.get("general.file_type", "")
         peak = args.peak_gbs
         extra = {"int8_act": model.net.int8_act}
-        for p in args.p:
-            if p:
-                tps = bench_prompt(model, p, args.r)
-                rows.append(_row(name, size, quant, f"pp{p}", tps, 0, peak, **extra))
-        for n in args.n:
-            if n:
-                tps, cpu = bench_gen(model, n, args.r)
-                rows.append(_row(name, size, quant, f"tg{n}", tps, decode_bytes(model), peak,
+        for d in args.d:
+            at = f" @ d{d}" if d else ""
+            for p in args.p:
+                if p:
+                    tps = bench_prompt(model, p, args.r, d)
+                    rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak, **extra))
+            for n in args.n:
+                if not n:
+                    continue
+                tps, cpu = bench_gen(model, n, args.r, d)
+                rows.append(_row(name, size, quant, f"tg{n}{at}", tps, decode_bytes(model), peak,
                                  dispatches=len(model.net.plan_decode), per_submit=model.generator.k,
                                  cpu_ms_per_token=1000 * statistics.median(cpu), **extra))
         device = model.device.name
@@ -121,6 +137,8 @@ def add_parser(sub):
     p.add_argument("-p", type=int, action="append", help="prompt lengths (default 512)")
     p.add_argument("-n", type=int, action="append", help="generated lengths (default 128)")
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
+    p.add_argument("-d", type=int, action="append",
+                   help="depths: tokens already in the KV cache before each test (default 0)")
     p.add_argument("--batch", type=int, default=512, help="prefill chunk")
     p.add_argument("--tokens-per-submit", type=int, default=8)
     p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
@@ -134,6 +152,10 @@ def add_parser(sub):
 def _defaults(a):
     a.p = a.p if a.p is not None else [512]
     a.n = a.n if a.n is not None else [128]
+    a.d = a.d if a.d is not None else [0]
+    if any(v < 0 for v in a.d + a.p + a.n):
+        from .errors import ShaderLMError
+        raise ShaderLMError("bench: -d, -p and -n take 0 or more tokens")
     return a
 
 

@@ -18,6 +18,27 @@ def test_bench_json(tiny_gguf, capsys):
     assert 0 < tg["bytes"] <= tg["size"] and tg["dispatches"] > 0
 
 
+def test_bench_depth(tiny_gguf, capsys):
+    """-d fills the KV cache before each test (llama-bench's depth): rows are named for it, and the
+    cache holds keys at the positions before the timed tokens, which no other step writes."""
+    import numpy as np
+
+    import shaderlm
+    from shaderlm.bench import bench_gen, bench_prompt
+    assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "2", "-d", "0", "-d", "9", "-r", "1", "--json"]) == 0
+    rows = {r["test"] for r in json.loads(capsys.readouterr().out)["results"]}
+    assert rows == {"pp4", "tg2", "pp4 @ d9", "tg2 @ d9"}
+    for depth_run in (lambda m: bench_prompt(m, 4, 1, depth=9), lambda m: bench_gen(m, 2, 1, depth=9)):
+        model = shaderlm.load(tiny_gguf, ctx=32, progress=False)
+        net = model.net
+        depth_run(model)
+        k0 = model.device.read(net.k_cache[0], np.uint16).reshape(net.ctx, -1)
+        assert (k0[:9] != 0).any(axis=1).all()              # the depth's keys
+        assert not (k0[15:] != 0).any()                      # nothing past depth + prompt / generated
+    assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "2", "-d", "100000", "-r", "1"]) == 1
+    assert "do not fit" in capsys.readouterr().err
+
+
 def test_bench_peak_and_table(tiny_gguf, capsys):
     assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "2", "-r", "1", "--peak"]) == 0
     out = capsys.readouterr().out

@@ -458,6 +458,21 @@ def test_attention_shapes(dev, shape):
     check_fused_attention(dev, False, 64, 64, 4, 2, 149, 0, shape=shape)
 
 
+@pytest.mark.parametrize("hd,pos,window,splits,min_keys", [
+    (64, 149, 0, 2, 16), (64, 149, 0, 8, 1), (64, 600, 0, 3, 64), (128, 600, 100, 4, 16),
+    (64, 600, 0, 16, 1), (64, 20, 0, 4, 64), (128, 0, 0, 4, 1)])
+def test_attention_split(dev, hd, pos, window, splits, min_keys):
+    """Decode attention with a head's keys split over several workgroups and merged by the last to
+    finish: splits that do not divide the keys, empty ones (min_keys 1 at 16 splits), a window, and
+    positions where only one split is busy. The split counters are shared by every test on the device,
+    so a count not reset for the next dispatch fails the cases after it."""
+    if not dev.has_subgroups:
+        pytest.skip("the decode attention kernel needs subgroups")
+    wg = ops.attention_shape(dev, 4)[0]
+    for _ in range(2):
+        check_fused_attention(dev, False, hd, hd, 4, 2, pos, window, shape=(wg, 4, splits, min_keys))
+
+
 def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, shape=None):
     rng = np.random.default_rng(pos + hd + rope_dim)
     base, scale, n = 10000.0, 1.0 / math.sqrt(hd), 1

@@ -89,6 +89,7 @@ class Device:
         self.has_subgroups = "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
         self._pipelines: dict = {}
+        self._scratch: dict = {}
         # Decode fusions trade redundant arithmetic for fewer dispatches: a win where a dispatch
         # costs microseconds (GPUs), a loss on CPU adapters (lavapipe) where arithmetic is the cost.
         fuse = os.environ.get("SHADERLM_FUSE")
@@ -123,6 +124,15 @@ class Device:
             buf.write_mapped(mv, 0)
         buf.unmap()
         return buf
+
+    def scratch(self, name: str, size: int):
+        """A buffer shared by every dispatch asking for `name`: scratch space for kernels that run one at a
+        time (attention's split partials). Zeroed when made; the kernels leave it as they need it."""
+        if name not in self._scratch:
+            self._scratch[name] = self.buffer(size, label=name)
+        elif self._scratch[name].size < size:
+            raise ValueError(f"scratch buffer {name!r} asked for with two sizes")
+        return self._scratch[name]
 
     def write(self, buf, data, offset: int = 0):
         self.queue.write_buffer(buf, offset, memoryview(data).cast("B"))

@@ -7,6 +7,10 @@
 // any use: a load inside an `if` whose value is used in the same `if` waited a whole memory round
 // trip per key on NVIDIA (H200: 28 us a call at position 128 on Llama 8B shapes). Each subgroup
 // keeps an online softmax (m, l, acc) and the subgroups are merged through workgroup memory at the end.
+// SPLIT: a head's keys are also split over up to SPLITS workgroups (grid y), at least MINK keys each,
+// so a long context keeps many workgroups busy instead of one per head walking every key. Each writes
+// its partial softmax (through atomics: cross-workgroup data in one dispatch) and the last of a head's
+// splits to finish, found by an atomic count, merges them. With one split busy, nothing changes.
 #include state
 
 // zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
@@ -19,11 +23,19 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(4) var<storage, read_write> vc: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read> inv_freq: array<f32>;
+#if SPLIT
+// per (head, split): m, l, then the hd unnormalised output values, as f32 bits
+@group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
+@group(0) @binding(8) var<storage, read_write> done: array<atomic<u32>>;   // splits finished, per head
+var<workgroup> is_last: u32;
+#endif
 
 const HD: u32 = {{HD}}u;
 const PAIRS: u32 = {{PAIRS}}u;        // head-dim pairs per lane: ceil(HD / 2 / smallest subgroup)
 const MAXSG: u32 = {{MAXSG}}u;        // subgroups per workgroup at the smallest subgroup size
 const UNROLL: u32 = {{UNROLL}}u;
+const SPLITS: u32 = {{SPLITS}}u;
+const MINK: u32 = {{MINK}}u;
 var<workgroup> sg_m: array<f32, MAXSG>;
 var<workgroup> sg_l: array<f32, MAXSG>;
 var<workgroup> sg_acc: array<vec2<f32>, MAXSG * HD / 2u>;
@@ -46,6 +58,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) lanes: u32,
         @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32) {
     let h = wid.x;
+    let split = wid.y;
     let hd = p.hd;
     let half_hd = hd / 2u;
     let kvh = h / (p.n_heads / p.n_kv);
@@ -53,7 +66,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let qo = h * hd;
     let ko = (p.n_heads + kvh) * hd;
     let vo = ko + p.n_kv * hd;
-    let store = sg == 0u && h % (p.n_heads / p.n_kv) == 0u;
+    let store = sg == 0u && h % (p.n_heads / p.n_kv) == 0u && split == 0u;
     // this lane's pairs of q, and of the new token's K and V as the f16 cache holds them (every
     // subgroup has them in registers; the first head of each KV group stores them). Per-pair values
     // are separate variables (#unroll): arrays indexed by a loop counter went to local memory on NVIDIA.
@@ -93,10 +106,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
     var k_lo = 0u;
     if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
+    // this workgroup's keys: [k_begin, k_end)
+    let nk = qpos + 1u - k_lo;
+    let n_split = min(SPLITS, (nk + MINK - 1u) / MINK);      // splits busy at this position
+    if (split >= n_split) { return; }
+    let per = (nk + n_split - 1u) / n_split;
+    let k_begin = k_lo + split * per;
+    let k_end = max(min(k_begin + per, qpos + 1u), k_begin);     // empty for a split past the keys
     var m = -3.0e38;
     var l = 0.0;
     // keys before qpos come from the cache; qpos itself from kcur / vcur
-    for (var k0 = k_lo + sg * UNROLL; k0 <= qpos; k0 += nsg * UNROLL) {
+    for (var k0 = k_begin + sg * UNROLL; k0 < k_end; k0 += nsg * UNROLL) {
         // load K and V of UNROLL keys first, so one memory round trip serves the whole step
 #unroll UNROLL u
         let key$u = k0 + $uu;
@@ -119,7 +139,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
         var s$u = subgroupAdd(d$u);
         if (p.softcap > 0.0) { s$u = p.softcap * tanh(clamp(s$u / p.softcap, -15.0, 15.0)); }
-        s$u = select(-3.0e38, s$u, key$u <= qpos);
+        s$u = select(-3.0e38, s$u, key$u < k_end);
         mt = max(mt, s$u);
 #end
         let corr = exp(m - mt);
@@ -128,7 +148,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         acc$c *= corr;
 #end
 #unroll UNROLL u
-        let e$u = select(0.0, exp(s$u - mt), key$u <= qpos);
+        let e$u = select(0.0, exp(s$u - mt), key$u < k_end);
         l += e$u;
 #unroll PAIRS c
         acc$c += e$u * vv$u$c;
@@ -143,11 +163,52 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
     workgroupBarrier();
     // only the subgroups that had keys (early in a sequence most have none; theirs would add zeros)
-    let busy = min(nsg, (qpos + UNROLL - k_lo) / UNROLL);
+    let busy = min(nsg, (k_end - k_begin + UNROLL - 1u) / UNROLL);
     var mg = -3.0e38;
     for (var g = 0u; g < busy; g++) { mg = max(mg, sg_m[g]); }
     var lg = 0.0;
     for (var g = 0u; g < busy; g++) { lg += sg_l[g] * exp(sg_m[g] - mg); }
+#if SPLIT
+    if (n_split > 1u) {
+        let base = (h * SPLITS + split) * (2u + hd);
+        if (li == 0u) {
+            atomicStore(&part[base], bitcast<u32>(mg));
+            atomicStore(&part[base + 1u], bitcast<u32>(lg));
+        }
+        for (var j = li; j < half_hd; j += {{WG}}u) {
+            var o = vec2<f32>(0.0);
+            for (var g = 0u; g < busy; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
+            atomicStore(&part[base + 2u + 2u * j], bitcast<u32>(o.x));
+            atomicStore(&part[base + 3u + 2u * j], bitcast<u32>(o.y));
+        }
+        storageBarrier();
+        if (li == 0u) { is_last = u32(atomicAdd(&done[h], 1u) == n_split - 1u); }
+        if (workgroupUniformLoad(&is_last) == 0u) { return; }
+        storageBarrier();
+        // the last split of head h: merge every split's partial softmax
+        let b0 = h * SPLITS * (2u + hd);
+        var gm = -3.0e38;
+        for (var t = 0u; t < n_split; t++) { gm = max(gm, bitcast<f32>(atomicLoad(&part[b0 + t * (2u + hd)]))); }
+        var gl = 0.0;
+        for (var t = 0u; t < n_split; t++) {
+            let bt = b0 + t * (2u + hd);
+            gl += bitcast<f32>(atomicLoad(&part[bt + 1u])) * exp(bitcast<f32>(atomicLoad(&part[bt])) - gm);
+        }
+        for (var j = li; j < half_hd; j += {{WG}}u) {
+            var o = vec2<f32>(0.0);
+            for (var t = 0u; t < n_split; t++) {
+                let bt = b0 + t * (2u + hd);
+                let w = exp(bitcast<f32>(atomicLoad(&part[bt])) - gm);
+                o += w * vec2<f32>(bitcast<f32>(atomicLoad(&part[bt + 2u + 2u * j])),
+                                   bitcast<f32>(atomicLoad(&part[bt + 3u + 2u * j])));
+            }
+            out[h * hd + 2u * j] = o.x / gl;
+            out[h * hd + 2u * j + 1u] = o.y / gl;
+        }
+        if (li == 0u) { atomicStore(&done[h], 0u); }      // ready for the next dispatch
+        return;
+    }
+#endif
     for (var j = li; j < half_hd; j += {{WG}}u) {
         var o = vec2<f32>(0.0);
         for (var g = 0u; g < busy; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }

@@ -351,28 +351,46 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
               neox: bool = False, shape=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token) it also applies
     RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
-    kernel's (workgroup size, keys per step). Not autotuned: the best depends on the context length
-    (H200: 1024 x 4 won at position 256 and lost at 1-128, SmolLM2 tg128 919 -> 847 tok/s)."""
+    kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
+    attention_shape's where left out. Not autotuned: the best depends on the context length (H200: 1024 x 4 won at
+    position 256 and lost at 1-128, SmolLM2 tg128 919 -> 847 tok/s)."""
     wg = 64
     fused = inv_freq is not None
     if fused and dev.has_subgroups:
-        # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims)
+        # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims, and
+        # over `splits` workgroups a head where the context is long)
         sgs = dev.subgroup_size
-        wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 \
-            else 16 * sgs
-        unroll = 4
-        if os.environ.get("SHADERLM_ATTN"):          # "WG,UNROLL", for experiments
-            wg, unroll = (int(v) for v in os.environ["SHADERLM_ATTN"].split(","))
-        wg, unroll = shape or (wg, unroll)
+        default = attention_shape(dev, n_heads)
+        wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
-                            MAXSG=wg // sgs, NEOX=neox, UNROLL=unroll)
+                            MAXSG=wg // sgs, NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits,
+                            MINK=min_keys)
         params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
-        bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
-        return Dispatch(pipe, bg, (n_heads, 1, 1), label="attention_decode")
+        res = [params, st, qkv, k_cache, v_cache, out, inv_freq]
+        if splits > 1:
+            res += [dev.scratch(f"attention partials {n_heads}x{splits}x{head_dim}",
+                                4 * n_heads * splits * (2 + head_dim)),
+                    dev.scratch(f"attention split counts {n_heads}", 4 * n_heads)]
+        return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, 1), label="attention_decode")
     pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
     return Dispatch(pipe, bg, lambda n: (n_heads, n), label="attention")
+
+
+def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
+    """The decode attention kernel's (workgroup size, keys per subgroup step, splits, keys per split at
+    least): 512 lanes (16 subgroups of 32) x 4 keys; a head's keys split over up to 256 / n_heads
+    workgroups (at most 16) once it has 256 keys a split, so that a long context keeps about 256
+    workgroups busy. SHADERLM_ATTN="WG,UNROLL[,SPLITS[,MIN_KEYS]]" overrides it, for experiments."""
+    sgs = dev.subgroup_size
+    wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 else 16 * sgs
+    shape = [wg, 4, max(1, min(16, 256 // n_heads)), 256]
+    env = os.environ.get("SHADERLM_ATTN")
+    if env:
+        vals = [int(v) for v in env.split(",")]
+        shape[:len(vals)] = vals
+    return tuple(shape)
 
 
 def glu(dev, gate_up, out, st, *, ffn: int, gelu=False) -> Dispatch:
