@@ -32,13 +32,13 @@ var<workgroup> is_last: u32;
 
 const HD: u32 = {{HD}}u;
 const PAIRS: u32 = {{PAIRS}}u;        // head-dim pairs per lane: ceil(HD / 2 / smallest subgroup)
-const MAXSG: u32 = {{MAXSG}}u;        // subgroups per workgroup at the smallest subgroup size
 const UNROLL: u32 = {{UNROLL}}u;
 const SPLITS: u32 = {{SPLITS}}u;
 const MINK: u32 = {{MINK}}u;
-var<workgroup> sg_m: array<f32, MAXSG>;
-var<workgroup> sg_l: array<f32, MAXSG>;
-var<workgroup> sg_acc: array<vec2<f32>, MAXSG * HD / 2u>;
+const MERGE: u32 = {{MERGE}}u;        // partials merged in workgroup memory: subgroups (at the smallest size), or splits
+var<workgroup> sg_m: array<f32, MERGE>;
+var<workgroup> sg_l: array<f32, MERGE>;
+var<workgroup> sg_acc: array<vec2<f32>, MERGE * HD / 2u>;
 
 #include rope
 
@@ -51,6 +51,24 @@ fn rotated(d: u32, v: f32, other: f32, f: f32, first: bool, pos: u32) -> f32 {
 // First word of key `key`'s row for KV head kvh; keys past qpos read qpos's row (loaded, unused).
 fn slot(key: u32, qpos: u32, kvh: u32, half_hd: u32) -> u32 {
     return (min(key, qpos) * p.n_kv + kvh) * half_hd;
+}
+
+// Merging n partial softmaxes held in sg_m / sg_l / sg_acc: their largest m, the sum of their l
+// scaled to it, and output pair j (not yet divided by that sum).
+fn merged_max(n: u32) -> f32 {
+    var mg = -3.0e38;
+    for (var g = 0u; g < n; g++) { mg = max(mg, sg_m[g]); }
+    return mg;
+}
+fn merged_sum(n: u32, mg: f32) -> f32 {
+    var lg = 0.0;
+    for (var g = 0u; g < n; g++) { lg += sg_l[g] * exp(sg_m[g] - mg); }
+    return lg;
+}
+fn merged_out(n: u32, j: u32, mg: f32) -> vec2<f32> {
+    var o = vec2<f32>(0.0);
+    for (var g = 0u; g < n; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
+    return o;
 }
 
 @compute @workgroup_size({{WG}})
@@ -164,20 +182,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     // only the subgroups that had keys (early in a sequence most have none; theirs would add zeros)
     let busy = min(nsg, (k_end - k_begin + UNROLL - 1u) / UNROLL);
-    var mg = -3.0e38;
-    for (var g = 0u; g < busy; g++) { mg = max(mg, sg_m[g]); }
-    var lg = 0.0;
-    for (var g = 0u; g < busy; g++) { lg += sg_l[g] * exp(sg_m[g] - mg); }
+    let mg = merged_max(busy);
+    let lg = merged_sum(busy, mg);
 #if SPLIT
     if (n_split > 1u) {
+        // this split's partial (output not yet divided by l), then count it done
         let base = (h * SPLITS + split) * (2u + hd);
         if (li == 0u) {
             atomicStore(&part[base], bitcast<u32>(mg));
             atomicStore(&part[base + 1u], bitcast<u32>(lg));
         }
         for (var j = li; j < half_hd; j += {{WG}}u) {
-            var o = vec2<f32>(0.0);
-            for (var g = 0u; g < busy; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
+            let o = merged_out(busy, j, mg);
             atomicStore(&part[base + 2u + 2u * j], bitcast<u32>(o.x));
             atomicStore(&part[base + 3u + 2u * j], bitcast<u32>(o.y));
         }
@@ -185,34 +201,37 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         if (li == 0u) { is_last = u32(atomicAdd(&done[h], 1u) == n_split - 1u); }
         if (workgroupUniformLoad(&is_last) == 0u) { return; }
         storageBarrier();
-        // the last split of head h: merge every split's partial softmax
+        // the last of head h's splits: every split's partial into workgroup memory, a word or two per
+        // thread (one round trip; a thread looping over the splits waited one per load), then merged
+        // as the subgroups' were
         let b0 = h * SPLITS * (2u + hd);
-        var gm = -3.0e38;
-        for (var t = 0u; t < n_split; t++) { gm = max(gm, bitcast<f32>(atomicLoad(&part[b0 + t * (2u + hd)]))); }
-        var gl = 0.0;
-        for (var t = 0u; t < n_split; t++) {
+        for (var i = li; i < n_split * (half_hd + 1u); i += {{WG}}u) {
+            let t = i / (half_hd + 1u);
+            let j = i % (half_hd + 1u);
             let bt = b0 + t * (2u + hd);
-            gl += bitcast<f32>(atomicLoad(&part[bt + 1u])) * exp(bitcast<f32>(atomicLoad(&part[bt])) - gm);
-        }
-        for (var j = li; j < half_hd; j += {{WG}}u) {
-            var o = vec2<f32>(0.0);
-            for (var t = 0u; t < n_split; t++) {
-                let bt = b0 + t * (2u + hd);
-                let w = exp(bitcast<f32>(atomicLoad(&part[bt])) - gm);
-                o += w * vec2<f32>(bitcast<f32>(atomicLoad(&part[bt + 2u + 2u * j])),
-                                   bitcast<f32>(atomicLoad(&part[bt + 3u + 2u * j])));
+            if (j == half_hd) {
+                sg_m[t] = bitcast<f32>(atomicLoad(&part[bt]));
+                sg_l[t] = bitcast<f32>(atomicLoad(&part[bt + 1u]));
+            } else {
+                sg_acc[t * (HD / 2u) + j] = vec2<f32>(bitcast<f32>(atomicLoad(&part[bt + 2u + 2u * j])),
+                                                      bitcast<f32>(atomicLoad(&part[bt + 3u + 2u * j])));
             }
-            out[h * hd + 2u * j] = o.x / gl;
-            out[h * hd + 2u * j + 1u] = o.y / gl;
+        }
+        workgroupBarrier();
+        let gm = merged_max(n_split);
+        let gl = merged_sum(n_split, gm);
+        for (var j = li; j < half_hd; j += {{WG}}u) {
+            let o = merged_out(n_split, j, gm) / gl;
+            out[h * hd + 2u * j] = o.x;
+            out[h * hd + 2u * j + 1u] = o.y;
         }
         if (li == 0u) { atomicStore(&done[h], 0u); }      // ready for the next dispatch
         return;
     }
 #endif
     for (var j = li; j < half_hd; j += {{WG}}u) {
-        var o = vec2<f32>(0.0);
-        for (var g = 0u; g < busy; g++) { o += sg_acc[g * (HD / 2u) + j] * exp(sg_m[g] - mg); }
-        out[h * hd + 2u * j] = o.x / lg;
-        out[h * hd + 2u * j + 1u] = o.y / lg;
+        let o = merged_out(busy, j, mg) / lg;
+        out[h * hd + 2u * j] = o.x;
+        out[h * hd + 2u * j + 1u] = o.y;
     }
 }

@@ -363,8 +363,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         default = attention_shape(dev, n_heads)
         wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
-                            MAXSG=wg // sgs, NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits,
-                            MINK=min_keys)
+                            NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits, MINK=min_keys,
+                            MERGE=max(wg // sgs, splits))
         params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
         res = [params, st, qkv, k_cache, v_cache, out, inv_freq]
         if splits > 1:
