@@ -382,7 +382,10 @@ def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
     """The decode attention kernel's (workgroup size, keys per subgroup step, splits, keys per split at
     least): 512 lanes (16 subgroups of 32) x 4 keys; a head's keys split over up to 256 / n_heads
     workgroups (at most 16) once it has 256 keys a split, so that a long context keeps about 256
-    workgroups busy. SHADERLM_ATTN="WG,UNROLL[,SPLITS[,MIN_KEYS]]" overrides it, for experiments."""
+    workgroups busy. H200, Llama 8B Q4_K_M, tg128 after 8,192 tokens: 121.7 tok/s unsplit, 260.1 with
+    this (and unchanged from position 0: 385.3 -> 385.6); 16 splits of 128 or 256 keys, 8 keys a step,
+    or 1,024 lanes were slower at every depth (bench/NOTES.md, round 15).
+    SHADERLM_ATTN="WG,UNROLL[,SPLITS[,MIN_KEYS]]" overrides it, for experiments."""
     sgs = dev.subgroup_size
     wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 else 16 * sgs
     shape = [wg, 4, max(1, min(16, 256 // n_heads)), 256]
