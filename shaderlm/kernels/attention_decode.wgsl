@@ -85,6 +85,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let ko = (p.n_heads + kvh) * hd;
     let vo = ko + p.n_kv * hd;
     let store = sg == 0u && h % (p.n_heads / p.n_kv) == 0u && split == 0u;
+    var k_lo = 0u;
+    if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
+    // splits busy at this position; the others leave before any other load (early in a sequence
+    // most of the grid)
+    let nk = qpos + 1u - k_lo;
+    let n_split = min(SPLITS, (nk + MINK - 1u) / MINK);
+    if (split >= n_split) { return; }
     // this lane's pairs of q, and of the new token's K and V as the f16 cache holds them (every
     // subgroup has them in registers; the first head of each KV group stores them). Per-pair values
     // are separate variables (#unroll): arrays indexed by a loop counter went to local memory on NVIDIA.
@@ -122,12 +129,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let vcur$c = unpack2x16float(vp$c ^ p.zero);
     var acc$c = vec2<f32>(0.0);
 #end
-    var k_lo = 0u;
-    if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
     // this workgroup's keys: [k_begin, k_end)
-    let nk = qpos + 1u - k_lo;
-    let n_split = min(SPLITS, (nk + MINK - 1u) / MINK);      // splits busy at this position
-    if (split >= n_split) { return; }
     let per = (nk + n_split - 1u) / n_split;
     let k_begin = k_lo + split * per;
     let k_end = max(min(k_begin + per, qpos + 1u), k_begin);     // empty for a split past the keys
