@@ -2,7 +2,7 @@
 # Issue 3's table on the GPU machine: the yardstick models (synthetic, real shapes/types) tuned for the
 # adapter (`shaderlm tune`, which prints what it chose), benched with --peak, then the 8B Q4_K_M decode
 # step profiled three ways (timestamps per dispatch; back-to-back chains; whole steps with each kernel
-# group left out), last. With the real SmolLM2 file at
+# group left out) and decoded after 2,048 and 8,192 cached tokens, last. With the real SmolLM2 file at
 # /tmp/smol.gguf (carried in two halves), also its bench row and greedy dump (scripts/greedy_dump.py).
 #   bash bench/h200_final.sh [--int8-act]     (the flag: the opt-in int8-activation GEMVs throughout;
 #                                               outputs get the suffix -int8)
@@ -31,5 +31,6 @@ if [ -s /tmp/smol.gguf ]; then
   python3 scripts/greedy_dump.py --model /tmp/smol.gguf > $OUT/greedy_gpu$SUF.json && echo "greedy dump written"
 fi
 python3 -m shaderlm.cli profile -m $D/llama-3.1-8b-Q4_K_M.gguf --context 128 $FLAG 2>&1 | tee $OUT/profile8b$SUF.txt | head -14
+python3 -m shaderlm.cli bench -m $D/llama-3.1-8b-Q4_K_M.gguf -p 0 -n 128 -d 0 -d 2048 -d 8192 -r 3 $FLAG 2>&1 | grep -v Warn | tee $OUT/depth8b$SUF.txt
 python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_K_M.gguf --ablate 2>&1 | grep -v Warn | tee $OUT/chain8b$SUF.txt
 python3 bench/kernel_chain.py -m $D/llama-3.1-8b-Q4_0.gguf --ablate --stream 2>&1 | grep -v Warn | tee $OUT/chain8b_q40$SUF.txt
