@@ -1,6 +1,6 @@
-// Decode attention for one new token, one workgroup per query head; needs subgroups.
-// Fuses rope_store's work: rotates q and the new K, rounds the new K/V to f16 as the cache holds
-// them, and the first head of each KV group stores them. One barrier in all (the final merge).
+// Decode attention for one new token, one workgroup per query head (and per split of its keys, below);
+// needs subgroups. Fuses rope_store's work: rotates q and the new K, rounds the new K/V to f16 as the
+// cache holds them, and the first head of each KV group stores them.
 // Each subgroup walks its own share of the keys (sg, sg + nsg, ...), UNROLL keys at a time; lanes own
 // pairs of head dimensions, so K and V rows are read coalesced and a score is one subgroupAdd.
 // Every load is unconditional (indices clamped, unused values dropped by select) and issued before

@@ -352,8 +352,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token) it also applies
     RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
-    attention_shape's where left out. Not autotuned: the best depends on the context length (H200: 1024 x 4 won at
-    position 256 and lost at 1-128, SmolLM2 tg128 919 -> 847 tok/s)."""
+    attention_shape's where left out. Not autotuned: the best depends on the context length (H200:
+    1024 x 4 won at position 256 and lost at 1-128, SmolLM2 tg128 919 -> 847 tok/s)."""
     wg = 64
     fused = inv_freq is not None
     if fused and dev.has_subgroups:
