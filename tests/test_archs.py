@@ -119,6 +119,26 @@ def test_greedy_decode_matches_reference(models, name, fuse):
     from the GPU, against the reference's (the tokens alone can miss a bug on a random model)."""
     path, m = models(name, fuse=fuse)
     assert m.net.fuse == fuse
+    check_greedy_decode(path, m, name)
+
+
+@pytest.mark.parametrize("name", ["gemma3-Q8_0", "gemma3-hd256-Q5_0", "qwen3-Q4_K_M"])
+def test_split_attention_decode_matches_reference(synth_gguf, name, monkeypatch):
+    """The fused decode with each head's keys split over up to 4 workgroups from the 4th key on
+    (SHADERLM_ATTN): every layer's attention in a step merges its splits and leaves the shared count
+    at 0 for the next, Gemma's window (8) limiting its sliding layers to 2 splits. The same checks
+    as test_greedy_decode_matches_reference."""
+    dev = get_device()
+    if not dev.has_subgroups:
+        pytest.skip("the decode attention kernel needs subgroups")
+    monkeypatch.setenv("SHADERLM_ATTN", f"{ops.attention_shape(dev, 1)[0]},4,4,4")
+    path = synth_gguf(seed=1, **CASES[name])
+    m = shaderlm.load(path, progress=False, fuse=True)
+    assert {d.workgroups(1)[1] for d in m.net.plan_decode.dispatches if d.label == "attention_decode"} == {4}
+    check_greedy_decode(path, m, name)
+
+
+def check_greedy_decode(path, m, name):
     prompt = _ids(m.config.vocab_size, 21, 1)
     n = 20
     got = m.generate_tokens(prompt, n, temperature=0.0, stop_at_eos=False)
