@@ -5,7 +5,7 @@
 #   bash bench/define_ab.sh VARIANTS MODEL...
 #     VARIANTS: comma-separated SHADERLM_DEFINES values, "-" for none, ":" joining several defines,
 #               or @DIR: the shaderlm package in DIR (another version's tree, e.g. `git archive` of the base),
-#               or NAME=VALUE: an environment setting, "/" in VALUE standing for "," (SHADERLM_L2PF=16/128)
+#               or NAME=VALUE: an environment setting, "/" in VALUE standing for "," (SHADERLM_ATTN=512/4/1)
 #     MODEL: a yardstick file name without .gguf (bench/yardsticks.sh writes them to /tmp/ys)
 set -uo pipefail
 export PYTHONUNBUFFERED=1

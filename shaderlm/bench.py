@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .cli import add_int8_act
+from .errors import ContextFullError, ShaderLMError
 
 
 def decode_bytes(model) -> int:
@@ -64,16 +65,15 @@ def run(args):
         dev = get_device(args.device)
         args.peak_gbs = peak_read_gbs(dev)
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
-    need = max(args.d) + max(args.p + [0]) + max(args.n + [0]) + 8
+    depth, prompt, gen = max(args.d), max(args.p + [0]), max(args.n + [0])
+    need = depth + prompt + gen + 8
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
                               tokens_per_submit=args.tokens_per_submit, progress=False,
                               int8_act=args.int8_act)
         if need > model.net.ctx:
-            from .errors import ContextFullError
-            raise ContextFullError(f"bench: depth {max(args.d)} + prompt {max(args.p + [0])} + generated "
-                                   f"{max(args.n + [0])} tokens do not fit {model.path}'s context of "
-                                   f"{model.net.ctx} tokens")
+            raise ContextFullError(f"bench: depth {depth} + prompt {prompt} + generated {gen} tokens do not "
+                                   f"fit {model.path}'s context of {model.net.ctx} tokens")
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
         quant = model.gguf.metadata.get("general.file_type", "")
@@ -154,7 +154,6 @@ def _defaults(a):
     a.n = a.n if a.n is not None else [128]
     a.d = a.d if a.d is not None else [0]
     if any(v < 0 for v in a.d + a.p + a.n):
-        from .errors import ShaderLMError
         raise ShaderLMError("bench: -d, -p and -n take 0 or more tokens")
     return a
 

@@ -127,12 +127,14 @@ class Device:
 
     def scratch(self, name: str, size: int):
         """A buffer shared by every dispatch asking for `name`: scratch space for kernels that run one at a
-        time (attention's split partials). Zeroed when made; the kernels leave it as they need it."""
-        if name not in self._scratch:
-            self._scratch[name] = self.buffer(size, label=name)
-        elif self._scratch[name].size < size:
-            raise ValueError(f"scratch buffer {name!r} asked for with two sizes")
-        return self._scratch[name]
+        time (attention's split partials); the name says its shape, so every asker wants the same size.
+        Zeroed when made; the kernels leave it as they need it."""
+        buf = self._scratch.get(name)
+        if buf is None:
+            buf = self._scratch[name] = self.buffer(size, label=name)
+        elif buf.size < size:
+            raise ValueError(f"scratch buffer {name!r} ({buf.size} bytes) asked for with {size}")
+        return buf
 
     def write(self, buf, data, offset: int = 0):
         self.queue.write_buffer(buf, offset, memoryview(data).cast("B"))

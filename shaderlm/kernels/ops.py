@@ -356,6 +356,7 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     1024 x 4 won at position 256 and lost at 1-128, SmolLM2 tg128 919 -> 847 tok/s)."""
     wg = 64
     fused = inv_freq is not None
+    params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     if fused and dev.has_subgroups:
         # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims, and
         # over `splits` workgroups a head where the context is long)
@@ -365,7 +366,6 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         pipe = dev.pipeline("attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
                             NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits, MINK=min_keys,
                             MERGE=max(wg // sgs, splits))
-        params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
         res = [params, st, qkv, k_cache, v_cache, out, inv_freq]
         if splits > 1:
             res += [dev.scratch(f"attention partials {n_heads}x{splits}x{head_dim}",
@@ -373,7 +373,6 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                     dev.scratch(f"attention split counts {n_heads}", 4 * n_heads)]
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, 1), label="attention_decode")
     pipe = dev.pipeline("attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
-    params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
     return Dispatch(pipe, bg, lambda n: (n_heads, n), label="attention")
 
