@@ -379,14 +379,15 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
     """The decode attention kernel's (workgroup size, keys per subgroup step, splits, keys per split at
-    least): 512 lanes (16 subgroups of 32) x 4 keys; a head's keys split over up to 256 / n_heads
-    workgroups (at most 16) once it has 256 keys a split, so that a long context keeps about 256
-    workgroups busy. H200, Llama 8B Q4_K_M, tg128 after 8,192 tokens: 121.7 tok/s unsplit, 260.1 with
-    this (and unchanged from position 0: 385.3 -> 385.6); 16 splits of 128 or 256 keys, 8 keys a step,
-    or 1,024 lanes were slower at every depth (bench/NOTES.md, round 15).
+    least): 256 lanes (8 subgroups of 32; 16 of 8 on lavapipe) x 4 keys; a head's keys split over up
+    to 256 / n_heads workgroups (at most 16) once it has 256 keys a split, so that a long context keeps
+    about 256 workgroups busy. H200, Llama 8B Q4_K_M, tg128 after 8,192 tokens: 121.7 tok/s unsplit,
+    260.1 split (round 15). With each trip's K/V loaded a trip ahead (round 16), 256 lanes beat 512:
+    8B Q4_K_M +1.1% from position 0, +2.7% after 2,048 tokens, +1.3% after 8,192; 1B Q4_K_M +1.8%,
+    SmolLM2 +2.9%. 16 splits, 8 keys a step and 1,024 lanes lost at every depth (bench/NOTES.md).
     SHADERLM_ATTN="WG,UNROLL[,SPLITS[,MIN_KEYS]]" overrides it, for experiments."""
     sgs = dev.subgroup_size
-    wg = min(512, int(dev.limits.get("max-compute-invocations-per-workgroup", 256))) if sgs >= 16 else 16 * sgs
+    wg = 256 if sgs >= 16 else 16 * sgs
     shape = [wg, 4, max(1, min(16, 256 // n_heads)), 256]
     env = os.environ.get("SHADERLM_ATTN")
     if env:
