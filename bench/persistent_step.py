@@ -206,12 +206,14 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
-def run_variant(dev, wts, table, tbuf, mode, groups, wg, unroll, chain, tokens=16, reps=5):
-    """Seconds a token (median of reps), and bad x reads and timed-out waits over all runs."""
+def run_variant(dev, wts, table, tbuf, mode, groups, wg, unroll, chain, per=0, tokens=16, reps=5):
+    """Seconds a token (median of reps), and bad x reads and timed-out waits over all runs. Persistent
+    modes run `per` phases a dispatch (0: the whole token)."""
     xmode = "plain" if "plainx" in mode else "none" if "nox" in mode else "atomic"
     pipe = dev.compile(kernel(wg, unroll, "+pre" in mode or "+force" in mode, chain, xmode, "nobar" not in mode,
                               "+force" in mode, ":alu" in mode), label=mode)
     nph = len(table)
+    per = per or nph
     xbuf = dev.buffer(max(2 * XMAX, (nph + 1) * XREG + XMAX) * 4)
     sync = dev.upload(np.zeros(4, np.uint32))
     limit = 200_000
@@ -223,8 +225,9 @@ def run_variant(dev, wts, table, tbuf, mode, groups, wg, unroll, chain, tokens=1
                  for p, g in enumerate(grids)] * tokens
     else:
         sink = dev.buffer(groups * wg * 4)
-        steps = [(dev.bind_group(pipe, [wts, xbuf, sync, dev.uniform(0, nph, t * nph, limit, 1, 0), sink, tbuf]),
-                  groups) for t in range(tokens)]
+        steps = [(dev.bind_group(pipe, [wts, xbuf, sync, dev.uniform(p0, min(per, nph - p0), t * nph + p0, limit, 1, 0),
+                                        sink, tbuf]), groups)
+                 for t in range(tokens) for p0 in range(0, nph, per)]
 
     def once():
         enc = dev.encoder()
@@ -264,6 +267,8 @@ def main():
                     help="chainG, or persist[+pre|+force] (+force: the wait depends on the prefetched words) with any of :plainx (plain x loads, a region a phase), :nox (no x read), "
                          ":nobar (no barrier wait; wrong x, timing only), :alu (each vec4 dotted as a Q4_K x24 chunk)")
     ap.add_argument("--no-chain", dest="with_chain", action="store_false")
+    ap.add_argument("--per-dispatch", type=int, default=0,
+                    help="persistent modes: phases a dispatch (5: a dispatch a layer; 0: one a token)")
     a = ap.parse_args()
     dev = get_device()
     print(f"device: {dev.name}")
@@ -284,7 +289,7 @@ def main():
                 variants = ([("chain", 0)] if a.with_chain else []) + [
                     (m, g) for g in (int(v) for v in a.groups.split(",")) for m in a.modes.split(",")]
                 for mode, g in variants:
-                    dt, bad, tout = run_variant(dev, wts, table, tbuf, mode, g, wg, u, ch)
+                    dt, bad, tout = run_variant(dev, wts, table, tbuf, mode, g, wg, u, ch, a.per_dispatch)
                     us = dt * 1e6
                     tps = 1e6 / us if us == us else float("nan")
                     pct = total * tps / 1e9 / peak * 100 if us == us else float("nan")
