@@ -111,6 +111,42 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
+def timed_run(dev, pipe, steps, sync):
+    """One command buffer: the sync counters cleared, then each (bind group, workgroups) of `steps`
+    dispatched in order. Seconds from submit to the counters' readback, bad x reads, timed-out waits."""
+    enc = dev.encoder()
+    enc.clear_buffer(sync, 0, 16)
+    cp = enc.begin_compute_pass()
+    cp.set_pipeline(pipe)
+    for bg, g in steps:
+        cp.set_bind_group(0, bg)
+        cp.dispatch_workgroups(g)
+    cp.end()
+    t0 = time.perf_counter()
+    dev.submit([enc.finish()])
+    s = dev.read(sync, np.uint32)
+    return time.perf_counter() - t0, int(s[1]), int(s[2])
+
+
+def timed_median(once, per: int, reps: int = 5, warm_s: float = 0.3, before=lambda: None):
+    """`once` (timed_run) run for warm_s, then reps times, each after `before`: the median seconds
+    divided by `per`, and the bad x reads and timed-out waits over the timed runs. A timeout while
+    warming up ends it at once: (nan, 0, timeouts)."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < warm_s:
+        before()
+        _, _, tout = once()
+        if tout:
+            return float("nan"), 0, tout
+    ts, bad, tout = [], 0, 0
+    for _ in range(reps):
+        before()
+        dt, b, t = once()
+        ts.append(dt / per)
+        bad, tout = bad + b, tout + t
+    return statistics.median(ts), bad, tout
+
+
 def run_variant(dev, wts, seg_vec4, phases, groups, unroll, mode, reps=5):
     """Seconds per phase (median of reps) and (bad x reads, timed-out waits) over all runs."""
     prefetch = mode == "persist+pre"
@@ -128,32 +164,9 @@ def run_variant(dev, wts, seg_vec4, phases, groups, unroll, mode, reps=5):
         steps = [(dev.bind_group(pipe, [wts, xbuf, sync, dev.uniform(p, 1, seg_vec4, limit), sink]), g)
                  for p in range(phases)]
 
-    def once():
-        enc = dev.encoder()
-        enc.clear_buffer(sync, 0, 16)
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        for bg, g in steps:
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(g)
-        cp.end()
-        t0 = time.perf_counter()
-        dev.submit([enc.finish()])
-        s = dev.read(sync, np.uint32)
-        return time.perf_counter() - t0, int(s[1]), int(s[2])
-
     # x holds phase 0's values only at the start: restore it before each run
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.3:
-        dev.write(xbuf, x0)
-        once()
-    ts, bad, tout = [], 0, 0
-    for _ in range(reps):
-        dev.write(xbuf, x0)
-        dt, b, t = once()
-        ts.append(dt / phases)
-        bad, tout = bad + b, tout + t
-    return statistics.median(ts), bad, tout
+    return timed_median(lambda: timed_run(dev, pipe, steps, sync), phases, reps, 0.3,
+                        before=lambda: dev.write(xbuf, x0))
 
 
 def main():

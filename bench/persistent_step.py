@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
 
+from grid_barrier import timed_median, timed_run  # noqa: E402
 from shaderlm.bench import peak_read_gbs          # noqa: E402
 from shaderlm.gpu.device import get_device        # noqa: E402
 
@@ -229,31 +229,7 @@ def run_variant(dev, wts, table, tbuf, mode, groups, wg, unroll, chain, per=0, t
                                         sink, tbuf]), groups)
                  for t in range(tokens) for p0 in range(0, nph, per)]
 
-    def once():
-        enc = dev.encoder()
-        enc.clear_buffer(sync, 0, 16)
-        cp = enc.begin_compute_pass()
-        cp.set_pipeline(pipe)
-        for bg, g in steps:
-            cp.set_bind_group(0, bg)
-            cp.dispatch_workgroups(g)
-        cp.end()
-        t0 = time.perf_counter()
-        dev.submit([enc.finish()])
-        s = dev.read(sync, np.uint32)
-        return time.perf_counter() - t0, int(s[1]), int(s[2])
-
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < 0.5:
-        _, _, tout = once()
-        if tout:
-            return float("nan"), 0, tout
-    ts, bad, tout = [], 0, 0
-    for _ in range(reps):
-        dt, b, t = once()
-        ts.append(dt / tokens)
-        bad, tout = bad + b, tout + t
-    return statistics.median(ts), bad, tout
+    return timed_median(lambda: timed_run(dev, pipe, steps, sync), tokens, reps, 0.5)
 
 
 def main():
