@@ -22,8 +22,10 @@ Variants (--modes; `chain` is on unless --no-chain):
                DRAM is busy while the grid waits for the last phase's stragglers
   +force       the same, with the wait made to depend on the prefetched words, so the compiler cannot
                sink the loads past the spin
-and suffixes: :alu (each loaded vec4 dotted as the x24 GEMV dots a Q4_K chunk: 24 dot4I8Packed and
-the nibble masks, so a phase carries a GEMV's arithmetic, not just its loads), :plainx (x through
+and suffixes: :alu (each loaded vec4 dotted as the x24 GEMV dots a Q4_K chunk: 24 dot4I8Packed, the
+nibble masks, the low nibbles against one x run's three digit words and the high ones against
+another's, so a phase carries a GEMV's arithmetic and x registers, not just its loads; :alu1 uses
+one run's digits for both, the first version measured), :plainx (x through
 plain loads and stores, a region a phase, instead of atomics), :nox (x not read) and :nobar (no
 barrier wait: wrong x, counted as bad reads; timing only).
 
@@ -74,7 +76,7 @@ def phase_table(layers: int, buf: int):
 
 
 def kernel(wg: int, unroll: int, prefetch: bool, chain: int, xmode: str = "atomic", barrier: bool = True,
-           force: bool = False, alu: bool = False) -> str:
+           force: bool = False, alu: int = 0) -> str:
     """xmode: atomic (x through atomicLoad/atomicStore, two slots), plain (plain loads and stores, a
     region per phase so no L1 line of an earlier phase is read), none (x not read; timing only)."""
     U = unroll
@@ -92,7 +94,8 @@ def kernel(wg: int, unroll: int, prefetch: bool, chain: int, xmode: str = "atomi
         f"    {dst}{u} = wts[min({base} + {u}u * stride, last)];" for u in range(U))
     # each loaded vec4 XORed into acc, or with alu dotted as a Q4_K chunk is in the x24 GEMV (its
     # low and high nibbles, each with three dot4I8Packed a word against x digits, combined in f32)
-    fold = ((lambda v, c: f"fs += select(0.0, q4k_x24({v}, xd0, xd1, xd2), {c});") if alu else
+    hi_digits = "xd0, xd1, xd2" if alu == 1 else "xe0, xe1, xe2"
+    fold = ((lambda v, c: f"fs += select(0.0, q4k_x24({v}, xd0, xd1, xd2, {hi_digits}), {c});") if alu else
             (lambda v, c: f"acc ^= select(vec4<u32>(0u), {v}, {c});"))
     use = lambda base, src: "\n".join(                                 # noqa: E731
         "        " + fold(f"{src}{u}", f"{base} + {u}u * stride < end") for u in range(U))
@@ -112,11 +115,13 @@ fn xval(p: u32, i: u32) -> u32 {{ return p * 2654435761u + i * 40503u + 1u; }}
 fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {{
     return dot4I8Packed(a.x, b.x) + dot4I8Packed(a.y, b.y) + dot4I8Packed(a.z, b.z) + dot4I8Packed(a.w, b.w);
 }}
-fn q4k_x24(v: vec4<u32>, d0: vec4<u32>, d1: vec4<u32>, d2: vec4<u32>) -> f32 {{
+// as the GEMV: the low nibbles against one x run's three digit words, the high ones against another's
+fn q4k_x24(v: vec4<u32>, d0: vec4<u32>, d1: vec4<u32>, d2: vec4<u32>, e0: vec4<u32>, e1: vec4<u32>,
+           e2: vec4<u32>) -> f32 {{
     let lo = v & vec4<u32>(0x0F0F0F0Fu);
     let hi = (v >> vec4<u32>(4u)) & vec4<u32>(0x0F0F0F0Fu);
     return 0.5 * (65536.0 * f32(idot(lo, d2)) + f32(256 * idot(lo, d1) + idot(lo, d0)))
-         - 0.25 * (65536.0 * f32(idot(hi, d2)) + f32(256 * idot(hi, d1) + idot(hi, d0)));
+         - 0.25 * (65536.0 * f32(idot(hi, e2)) + f32(256 * idot(hi, e1) + idot(hi, e0)));
 }}
 
 @compute @workgroup_size({wg})
@@ -131,6 +136,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let xd0 = vec4<u32>(gt * 2654435761u, gt ^ 0x5bd1e995u, gt * 40503u, gt + 0x9E3779B9u);
     let xd1 = xd0.yzwx ^ vec4<u32>(0x01010101u);
     let xd2 = xd0.zwxy ^ vec4<u32>(0x80808080u);
+    let xe0 = xd0.wxyz + vec4<u32>(0x01020304u);
+    let xe1 = xd1.wxyz + vec4<u32>(0x05060708u);
+    let xe2 = xd2.wxyz + vec4<u32>(0x090A0B0Cu);
 {decl}
     for (var k = 0u; k < prm.nph; k++) {{
     let lp = prm.t0 + k;                      // the phase's index in the token
@@ -211,7 +219,7 @@ def run_variant(dev, wts, table, tbuf, mode, groups, wg, unroll, chain, per=0, t
     modes run `per` phases a dispatch (0: the whole token)."""
     xmode = "plain" if "plainx" in mode else "none" if "nox" in mode else "atomic"
     pipe = dev.compile(kernel(wg, unroll, "+pre" in mode or "+force" in mode, chain, xmode, "nobar" not in mode,
-                              "+force" in mode, ":alu" in mode), label=mode)
+                              "+force" in mode, 1 if ":alu1" in mode else 2 if ":alu" in mode else 0), label=mode)
     nph = len(table)
     per = per or nph
     xbuf = dev.buffer(max(2 * XMAX, (nph + 1) * XREG + XMAX) * 4)
