@@ -25,6 +25,11 @@ def load_wgsl(name: str, defines: dict) -> str:
     return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), {}))
 
 
+def expand_wgsl(text: str, defines: dict, name: str = "inline") -> str:
+    """load_wgsl for source text built elsewhere (bench probes that include the kernels' decoders)."""
+    return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), {}, text))
+
+
 def _value(defines, key, kernel):
     if key not in defines:
         raise KeyError(f"kernel {kernel}: no value for {{{{{key}}}}}")
@@ -39,12 +44,13 @@ def _value(defines, key, kernel):
 _DECL = re.compile(r"^(?:fn|const|struct|alias|override|var(?:<[^>]*>)?)\s+(\w+)", re.M)
 
 
-def _expand(name: str, defines: dict, included: set, prefixed: dict) -> str:
-    """`prefixed`: prefix -> names declared under it so far (for `#include NAME as P`)."""
+def _expand(name: str, defines: dict, included: set, prefixed: dict, source: str | None = None) -> str:
+    """`prefixed`: prefix -> names declared under it so far (for `#include NAME as P`); `source`:
+    the text itself instead of kernels/NAME.wgsl."""
     if name in included:
         return ""
     included.add(name)
-    text = (KERNEL_DIR / f"{name}.wgsl").read_text().splitlines()
+    text = (source if source is not None else (KERNEL_DIR / f"{name}.wgsl").read_text()).splitlines()
     # conditionals first, so an #unroll in a dropped block needs no count
     out = []
     for line in _unroll(name, _kept(name, text, defines), defines):

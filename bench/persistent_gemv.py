@@ -1,0 +1,234 @@
+"""Real Q4_K GEMV phases in a persistent dispatch, against the engine's tuned GEMV dispatches.
+
+`persistent_step.py` put a persistent decode step at the 60% target's edge with modelled arithmetic.
+This takes the next step with the engine's own Q4_K decoders (quant_common + quant/q4_k, x24 integer
+dots, the k4-regrouped headers): L layers of two GEMVs, A (ROWS_A x 4,096, a gate-like matrix) then
+B (4,096 x 14,336, a down-like one, Q4_K here to keep one decoder), each layer's weights distinct.
+- persistent: one dispatch for all 2L phases, G workgroups of WG lanes, a grid barrier between the
+  phases (each phase's first chunk loaded before the wait, the wait made to depend on it). A lane
+  keeps one chunk of x for the whole phase (converted to x24 digits once) and walks the rows its
+  slot is given, a row per trip, the next trip's chunk loaded before this trip's dot; subgroup sums go
+  to workgroup memory and each row is summed at the phase's end.
+- the same kernel as a dispatch per phase (no barrier): what the barrier saves, on this GEMV code.
+- the engine: ops.gemv dispatches with tuned-like shapes (A 128x2/8, B 224x2x2/8, x24, butterfly,
+  prefetch), chained the same way.
+Both results are checked against each other after one layer (same weights, same x).
+
+    python bench/persistent_gemv.py [--layers 8] [--groups 132] [--wg 512] [--small]
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+sys.path.insert(0, os.path.dirname(__file__))
+
+from grid_barrier import timed_median, timed_run   # noqa: E402
+from kernel_chain import timed                      # noqa: E402
+from shaderlm.gpu.device import get_device          # noqa: E402
+from shaderlm.gpu.plan import Plan                   # noqa: E402
+from shaderlm.gpu.weights import upload_weight       # noqa: E402
+from shaderlm.kernels import expand_wgsl             # noqa: E402
+from shaderlm.kernels import ops                     # noqa: E402
+
+QK, CPB, BLOCK = 256, 8, 144          # Q4_K: elements, GEMV chunks and bytes a block
+
+
+def random_q4k(rng, rows: int, k: int) -> np.ndarray:
+    """GGUF Q4_K bytes with small finite scales (d, dmin = 2^-10 .. 2^-9), random quants."""
+    raw = rng.integers(0, 256, (rows, k // QK, BLOCK), dtype=np.uint8)
+    d = (rng.random((rows, k // QK, 2)) + 1.0) * 2.0 ** -10
+    raw[:, :, 0:4] = d.astype(np.float16).view(np.uint8).reshape(rows, k // QK, 4)
+    return raw.reshape(-1)
+
+
+def kernel(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, nrows: int = 1) -> str:
+    """nrows: rows a lane-slot takes a trip (their chunks loaded together, a trip ahead)."""
+    R = nrows
+    phases = []
+    for P, rows, k, xin, xout in (("", ra, ka, 0, ka), ("B_", rb, kb, ka, 0)):
+        chunks = k // QK * CPB
+        assert chunks <= wg and chunks % sgs == 0, (chunks, wg, sgs)
+        slots = wg // chunks
+        trips = -(-rows // (groups * slots * R))
+        phases.append(dict(P=P, rows=rows, blocks=k // QK, chunks=chunks, slots=slots, trips=trips,
+                           parts=chunks // sgs, xin=xin // 4, xout=xout))
+    part_n = max(ph["trips"] * ph["slots"] * R * ph["parts"] for ph in phases)
+    body = []
+    for i, ph in enumerate(phases):
+        P, nxt = ph["P"], phases[1 - i]
+        S, C, last = ph["slots"], ph["chunks"], ph["rows"] - 1
+        row = lambda t, r: f"min(((({t}) * {groups}u + g) * {S}u + slot) * {R}u + {r}u, {last}u)"   # noqa: E731
+        load = "\n".join(f"    var cur{r} = {P}chunk_load((base + {row('0u', r)}) * {ph['blocks']}u + b, cc);"
+                         for r in range(R))
+        step = "\n".join(f"""        let cw{r} = cur{r};
+        cur{r} = {P}chunk_load((base + {row('t + 1u', r)}) * {ph['blocks']}u + b, cc);""" for r in range(R))
+        dots = "\n".join(f"""        let s{r} = subgroupAdd({P}chunk_dot(cw{r}, cc, xs));
+        if (lane == 0u && on) {{ part[((t * {S}u + slot) * {R}u + {r}u) * {ph["parts"]}u + c / {sgs}u] = s{r}; }}"""
+                          for r in range(R))
+        body.append(f"""
+fn {P}phase(layer: u32, g: u32, li: u32, lane: u32) {{
+    let slot = li / {C}u;
+    let c = min(li % {C}u, {C - 1}u);
+    let on = slot < {S}u;
+    let b = c / {CPB}u;
+    let cc = c % {CPB}u;
+    let base = layer * {ph["rows"]}u;
+    let xs = {P}x_quant({P}x_chunk(XRow({ph["xin"]}u), b, cc));
+{load}
+    for (var t = 0u; t < {ph["trips"]}u; t++) {{
+{step}
+{dots}
+    }}
+    workgroupBarrier();
+    for (var r = li; r < {ph["trips"] * S * R}u; r += {wg}u) {{
+        let row = (r / {S * R}u * {groups}u + g) * {S * R}u + r % {S * R}u;
+        var s = 0.0;
+        for (var q = 0u; q < {ph["parts"]}u; q++) {{ s += part[r * {ph["parts"]}u + q]; }}
+        if (row < {ph["rows"]}u) {{ act[({ph["xout"]}u + row) >> 2u][row & 3u] = s; }}
+    }}
+    workgroupBarrier();
+}}
+// the first chunk of the phase after this one, for the barrier wait to depend on
+fn {P}first_of_next(layer: u32, g: u32, li: u32) -> u32 {{
+    let slot = li / {nxt["chunks"]}u;
+    let c = min(li % {nxt["chunks"]}u, {nxt["chunks"] - 1}u);
+    let cw = {nxt["P"]}chunk_load((layer * {nxt["rows"]}u + min((g * {nxt["slots"]}u + slot) * {R}u, {nxt["rows"] - 1}u))
+                            * {nxt["blocks"]}u + c / {CPB}u, c % {CPB}u);
+    return cw.h.x ^ cw.q.y ^ cw.q.w;
+}}""")
+    return f"""
+#include quant_common
+#include quant/q4_k
+#include quant_common as B_
+#include quant/q4_k as B_
+struct P {{ dbase: u32 }}
+const p = P(0u);
+const B_p = P(0u);
+struct Prm {{ p0: u32, nph: u32, wait: u32, limit: u32 }}
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
+@group(0) @binding(4) var<uniform> prm: Prm;
+struct XRow {{ base: u32 }}
+fn xv(r: XRow, i: u32) -> vec4<f32> {{ return act[r.base + i]; }}
+fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {{
+    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
+}}
+var<workgroup> part: array<f32, {part_n}>;
+{"".join(body)}
+
+@compute @workgroup_size({wg})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(subgroup_invocation_id) lane: u32) {{
+    let g = wid.x;
+    for (var k = 0u; k < prm.nph; k++) {{
+        let ph = prm.p0 + k;
+        if (k > 0u && prm.wait != 0u) {{
+            // the next phase's first chunk is loaded before the wait, which depends on it
+            var pre = 0u;
+            if ((ph & 1u) == 0u) {{ pre = B_first_of_next(ph / 2u, g, li); }} else {{ pre = first_of_next(ph / 2u, g, li); }}
+            let dep = select(0u, 1u, pre == 0x9E3779B9u);
+            if (li == 0u) {{
+                var n = 0u;
+                loop {{
+                    if (atomicLoad(&sync[0]) >= {groups}u * ph + dep) {{ break; }}
+                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
+                    n += 1u;
+                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
+                }}
+            }}
+            workgroupBarrier();
+            storageBarrier();
+        }}
+        if ((ph & 1u) == 0u) {{ phase(ph / 2u, g, li, lane); }} else {{ B_phase(ph / 2u, g, li, lane); }}
+        storageBarrier();
+        workgroupBarrier();
+        if (li == 0u) {{ atomicAdd(&sync[0], 1u); }}
+    }}
+}}
+"""
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--layers", type=int, default=8)
+    ap.add_argument("--groups", type=int, default=132)
+    ap.add_argument("--wg", type=int, default=512)
+    ap.add_argument("--small", action="store_true", help="small shapes (lavapipe)")
+    ap.add_argument("--rows", type=int, default=1, help="rows a lane-slot takes a trip")
+    a = ap.parse_args()
+    dev = get_device()
+    sgs = dev.subgroup_size
+    ra, ka, rb, kb = (256, 512, 128, 1024) if a.small else (14336, 4096, 4096, 14336)
+    L, G, WG = a.layers, a.groups, a.wg
+    print(f"device: {dev.name}, subgroups {sgs}; A {ra}x{ka}, B {rb}x{kb} Q4_K, {L} layers, {G} x {WG}, "
+          f"{a.rows} rows a trip")
+    rng = np.random.default_rng(0)
+    raw_a = [random_q4k(rng, ra, ka) for _ in range(L)]
+    raw_b = [random_q4k(rng, rb, kb) for _ in range(L)]
+    wa = upload_weight(dev, "A", "Q4_K", (L * ra, ka), np.concatenate(raw_a))
+    wb = upload_weight(dev, "B", "Q4_K", (L * rb, kb), np.concatenate(raw_b))
+    x0 = rng.standard_normal(ka).astype(np.float32)
+
+    # persistent kernel (and the same kernel a dispatch per phase)
+    pipe = dev.compile(expand_wgsl(kernel(WG, G, ra, ka, rb, kb, sgs, a.rows),
+                                   dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True)), "persistent_gemv")
+    act = dev.buffer((ka + kb) * 4)
+    sync = dev.upload(np.zeros(4, np.uint32))
+    limit = 200_000
+
+    def steps(per_phase: bool, nph: int):
+        if per_phase:
+            return [(dev.bind_group(pipe, [wa.chunks[0].buffer, wb.chunks[0].buffer, act, sync,
+                                           dev.uniform(ph, 1, 0, limit)]), G) for ph in range(nph)]
+        return [(dev.bind_group(pipe, [wa.chunks[0].buffer, wb.chunks[0].buffer, act, sync,
+                                       dev.uniform(0, nph, 1, limit)]), G)]
+
+    # correctness: one layer from x0, persistent against the engine
+    dev.write(act, np.concatenate([x0, np.zeros(kb, np.float32)]))
+    _, _, tout = timed_run(dev, pipe, steps(False, 2), sync)
+    got = dev.read(act, np.float32)
+    xa, xb = dev.upload(x0), dev.buffer(kb * 4)
+    ya = dev.buffer(rb * 4)
+    eng = []
+    for layer in range(L):
+        la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
+        lb = upload_weight(dev, f"B{layer}", "Q4_K", (rb, kb), raw_b[layer])
+        shape_a = None if a.small else (128, 2, 1, 8, 1, 1, 1)
+        shape_b = None if a.small else (224, 2, 2, 8, 1, 1, 1)
+        eng += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=shape_a)
+        eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=shape_b)
+    plan1 = Plan(dev, eng[:2])
+    plan1.run(1)
+    ref_b, ref_a = dev.read(xb, np.float32), dev.read(ya, np.float32)
+    err_b = np.abs(got[ka:] - ref_b).max() / np.abs(ref_b).max()
+    err_a = np.abs(got[:rb] - ref_a).max() / np.abs(ref_a).max()
+    print(f"one layer, persistent vs engine: max rel err A {err_b:.2e}, B {err_a:.2e}, timeouts {tout}")
+
+    rows = []
+    for rnd in range(2):
+        for name, st in (("persistent", steps(False, 2 * L)), ("a dispatch a phase", steps(True, 2 * L))):
+            # x restored before each run: the random layers would otherwise grow it without bound
+            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync), 2 * L, 5, 0.3,
+                                    before=lambda: dev.write(act, np.concatenate([x0, np.zeros(kb, np.float32)])))
+            rows.append((rnd, name, dt * 1e6, t))
+        plan = Plan(dev, eng)
+        dt = timed(dev, plan, 20, xb) / (2 * L)
+        rows.append((rnd, "engine GEMVs", dt * 1e6, 0))
+    mb = (wa.nbytes + wb.nbytes) / L / 2 / 1e6
+    print(f"\n{mb:.1f} MB a phase on average (A {wa.nbytes / L / 1e6:.1f}, B {wb.nbytes / L / 1e6:.1f})")
+    print("| round | variant | us a phase (A+B)/2 | GB/s | timeouts |")
+    print("|---|---|---|---|---|")
+    for rnd, name, us, t in rows:
+        print(f"| {rnd + 1} | {name} | {us:.2f} | {mb * 1e3 / us:.0f} | {t} |")
+
+
+if __name__ == "__main__":
+    main()
