@@ -12,9 +12,13 @@ B (4,096 x 14,336, a down-like one, Q4_K here to keep one decoder), each layer's
 - the same kernel as a dispatch per phase (no barrier): what the barrier saves, on this GEMV code.
 - the engine: ops.gemv dispatches with tuned-like shapes (A 128x2/8, B 224x2x2/8, x24, butterfly,
   prefetch), chained the same way.
-Both results are checked against each other after one layer (same weights, same x).
+With --gemv-rows the phases are gemv_rows.wgsl's row groups instead (the engine's GEMV code, A and B
+each with its own shape through `#include gemv_rows as B_ with ...`), against the engine on the same
+shapes and on tuned-like ones. Both results are checked against each other after one layer (same
+weights, same x). A grid that is not co-resident times out (the abort flag) and shows as nan.
 
-    python bench/persistent_gemv.py [--layers 8] [--groups 132] [--wg 512] [--small]
+    python bench/persistent_gemv.py [--layers 8] [--groups 132] [--wg 512] [--rows 1] [--small]
+    python bench/persistent_gemv.py --gemv-rows --groups 264 --wg 128 --steps-b 4 --groups-a 28 --groups-b 8
 """
 from __future__ import annotations
 
@@ -156,6 +160,84 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
+def kernel_rows(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, steps_b: int,
+                ta: int, groups_a: int = 8, groups_b: int = 8) -> tuple[str, dict]:
+    """The same two phases with gemv_rows.wgsl's row groups (the engine's GEMV code: HOIST, PF and the
+    butterfly, 2 rows x groups_a / groups_b a workgroup pass), A with 1 chunk step a lane and B with steps_b,
+    each workgroup of the resident grid taking row groups g, g + G, ... `act` holds B's x (A's
+    output) from 0 and A's x (B's output) from ta * ka; rows() finds them through its token index."""
+    bf = dict(SG_BFLY=True, BFN=2, BF2=True, BF4=False, BF8=False, SGC=sgs, BF_TAIL=sgs.bit_length() - 2,
+              BF_ARGS="acc0, acc1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0")
+    defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
+                   HOIST=True, PF=True, GLU=False, NORM=False, **bf)
+    per_a, per_b = 2 * groups_a, 2 * groups_b
+    src = f"""
+#include quant_common
+#include quant/q4_k
+#include quant_common as B_
+#include quant/q4_k as B_
+#include reduce
+struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
+const p = P({ka}u, {ra}u, 0u, 0u, 0u, 0.0);
+const B_p = P({kb}u, {rb}u, {ta * ka}u, 0u, 0u, 0.0);
+struct Prm {{ p0: u32, nph: u32, wait: u32, limit: u32 }}
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
+@group(0) @binding(4) var<uniform> prm: Prm;
+const NPART: u32 = {wg}u / 2u;
+var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
+var<workgroup> norm_part: array<f32, {wg}>;
+const BFN: u32 = 2u;
+const SGC: u32 = {sgs}u;
+struct XRow {{ base: u32 }}
+var<private> ss: f32;
+var<private> x_on: f32;
+fn xv(xrow: XRow, i: u32) -> vec4<f32> {{ return act[xrow.base + i] * x_on; }}
+fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {{
+    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
+}}
+fn write_y(o: u32, row: u32, s: f32) {{ act[o >> 2u][o & 3u] = s; }}
+#include gemv_rows
+#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}
+
+@compute @workgroup_size({wg})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(num_subgroups) nsg: u32, @builtin(subgroup_size) sgsize: u32) {{
+    red_lane = li;
+    let g = wid.x;
+    for (var k = 0u; k < prm.nph; k++) {{
+        let ph = prm.p0 + k;
+        if (k > 0u && prm.wait != 0u) {{
+            if (li == 0u) {{
+                var n = 0u;
+                loop {{
+                    if (atomicLoad(&sync[0]) >= {groups}u * ph) {{ break; }}
+                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
+                    n += 1u;
+                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
+                }}
+            }}
+            workgroupBarrier();
+            storageBarrier();
+        }}
+        if ((ph & 1u) == 0u) {{
+            for (var blk = g; blk < {-(-ra // per_a)}u; blk += {groups}u) {{ rows(blk * {per_a}u, {ta}u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
+        }} else {{
+            for (var blk = g; blk < {-(-rb // per_b)}u; blk += {groups}u) {{ B_rows(blk * {per_b}u, 0u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
+        }}
+        storageBarrier();
+        workgroupBarrier();
+        if (li == 0u) {{ atomicAdd(&sync[0], 1u); }}
+    }}
+}}
+"""
+    return src, defines
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--layers", type=int, default=8)
@@ -163,10 +245,14 @@ def main():
     ap.add_argument("--wg", type=int, default=512)
     ap.add_argument("--small", action="store_true", help="small shapes (lavapipe)")
     ap.add_argument("--rows", type=int, default=1, help="rows a lane-slot takes a trip")
+    ap.add_argument("--gemv-rows", action="store_true", help="the phases through gemv_rows.wgsl (the engine's code)")
+    ap.add_argument("--steps-b", type=int, default=2, help="--gemv-rows: B's chunk steps a lane")
+    ap.add_argument("--groups-a", type=int, default=8, help="--gemv-rows: A's row groups a workgroup pass")
+    ap.add_argument("--groups-b", type=int, default=8, help="--gemv-rows: B's row groups a workgroup pass")
     a = ap.parse_args()
     dev = get_device()
     sgs = dev.subgroup_size
-    ra, ka, rb, kb = (256, 512, 128, 1024) if a.small else (14336, 4096, 4096, 14336)
+    ra, ka, rb, kb = (1024, 512, 512, 1024) if a.small else (14336, 4096, 4096, 14336)   # rb = ka, ra = kb
     L, G, WG = a.layers, a.groups, a.wg
     print(f"device: {dev.name}, subgroups {sgs}; A {ra}x{ka}, B {rb}x{kb} Q4_K, {L} layers, {G} x {WG}, "
           f"{a.rows} rows a trip")
@@ -177,10 +263,23 @@ def main():
     wb = upload_weight(dev, "B", "Q4_K", (L * rb, kb), np.concatenate(raw_b))
     x0 = rng.standard_normal(ka).astype(np.float32)
 
-    # persistent kernel (and the same kernel a dispatch per phase)
-    pipe = dev.compile(expand_wgsl(kernel(WG, G, ra, ka, rb, kb, sgs, a.rows),
-                                   dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True)), "persistent_gemv")
-    act = dev.buffer((ka + kb) * 4)
+    # persistent kernel (and the same kernel a dispatch per phase); act: A's x at xa_off, B's at xb_off
+    if a.gemv_rows:
+        ta = -(-kb // ka)
+        src, defines = kernel_rows(WG, G, ra, ka, rb, kb, sgs, a.steps_b, ta, a.groups_a, a.groups_b)
+        xa_off, xb_off = ta * ka, 0
+    else:
+        src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows), dict(WIDE=True, INT_DOT=True, X24=True,
+                                                                         SUBGROUPS=True)
+        xa_off, xb_off = 0, ka
+    pipe = dev.compile(expand_wgsl(src, defines), "persistent_gemv")
+    act_n = max(xa_off + ka, xb_off + kb)
+    act = dev.buffer(act_n * 4)
+
+    def act0():
+        v = np.zeros(act_n, np.float32)
+        v[xa_off:xa_off + ka] = x0
+        return v
     sync = dev.upload(np.zeros(4, np.uint32))
     limit = 200_000
 
@@ -192,24 +291,28 @@ def main():
                                        dev.uniform(0, nph, 1, limit)]), G)]
 
     # correctness: one layer from x0, persistent against the engine
-    dev.write(act, np.concatenate([x0, np.zeros(kb, np.float32)]))
+    dev.write(act, act0())
     _, _, tout = timed_run(dev, pipe, steps(False, 2), sync)
     got = dev.read(act, np.float32)
     xa, xb = dev.upload(x0), dev.buffer(kb * 4)
     ya = dev.buffer(rb * 4)
-    eng = []
+    eng, tuned = [], []                # the engine on the persistent kernel's shapes, and on tuned-like ones
+    tuned_a = None if a.small else (128, 2, 1, 8, 1, 1, 1)
+    tuned_b = None if a.small else (224, 2, 2, 8, 1, 1, 1)
     for layer in range(L):
         la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
         lb = upload_weight(dev, f"B{layer}", "Q4_K", (rb, kb), raw_b[layer])
-        shape_a = None if a.small else (128, 2, 1, 8, 1, 1, 1)
-        shape_b = None if a.small else (224, 2, 2, 8, 1, 1, 1)
-        eng += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=shape_a)
-        eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=shape_b)
+        if a.gemv_rows:
+            eng += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=(WG, 2, 1, a.groups_a, 1, 1, 1))
+            eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
+        tuned += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=tuned_a)
+        tuned += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=tuned_b)
+    eng = eng or tuned
     plan1 = Plan(dev, eng[:2])
     plan1.run(1)
     ref_b, ref_a = dev.read(xb, np.float32), dev.read(ya, np.float32)
-    err_b = np.abs(got[ka:] - ref_b).max() / np.abs(ref_b).max()
-    err_a = np.abs(got[:rb] - ref_a).max() / np.abs(ref_a).max()
+    err_b = np.abs(got[xb_off:xb_off + ra] - ref_b).max() / np.abs(ref_b).max()
+    err_a = np.abs(got[xa_off:xa_off + rb] - ref_a).max() / np.abs(ref_a).max()
     print(f"one layer, persistent vs engine: max rel err A {err_b:.2e}, B {err_a:.2e}, timeouts {tout}")
 
     rows = []
@@ -217,11 +320,11 @@ def main():
         for name, st in (("persistent", steps(False, 2 * L)), ("a dispatch a phase", steps(True, 2 * L))):
             # x restored before each run: the random layers would otherwise grow it without bound
             dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync), 2 * L, 5, 0.3,
-                                    before=lambda: dev.write(act, np.concatenate([x0, np.zeros(kb, np.float32)])))
+                                    before=lambda: dev.write(act, act0()))
             rows.append((rnd, name, dt * 1e6, t))
-        plan = Plan(dev, eng)
-        dt = timed(dev, plan, 20, xb) / (2 * L)
-        rows.append((rnd, "engine GEMVs", dt * 1e6, 0))
+        for name, ds in (("engine GEMVs, these shapes", eng), ("engine GEMVs, tuned-like shapes", tuned))[
+                :2 if a.gemv_rows else 1]:
+            rows.append((rnd, name, timed(dev, Plan(dev, ds), 20, xb) / (2 * L) * 1e6, 0))
     mb = (wa.nbytes + wb.nbytes) / L / 2 / 1e6
     print(f"\n{mb:.1f} MB a phase on average (A {wa.nbytes / L / 1e6:.1f}, B {wb.nbytes / L / 1e6:.1f})")
     print("| round | variant | us a phase (A+B)/2 | GB/s | timeouts |")

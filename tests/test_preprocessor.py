@@ -29,3 +29,12 @@ def test_expand_text_includes_prefixes_and_defines():
     # the same file through load_wgsl and through expand_wgsl gives the same text
     src = "#include quant/q4_k"
     assert expand_wgsl(src, dict(WIDE=True)).strip() == load_wgsl("quant/q4_k", dict(WIDE=True)).strip()
+
+
+def test_prefixed_include_with_its_own_defines():
+    """`#include NAME as P with K=V`: the copy's conditionals and {{K}} take V, the kernel's own
+    include keeps the kernel's value."""
+    out = expand_wgsl("#include reduce\n#include reduce as R_ with WG=64", dict(WG=128))
+    assert re.search(r"^var<workgroup> red_buf: array<f32, 128>;", out, re.M)
+    assert re.search(r"^var<workgroup> R_red_buf: array<f32, 64>;", out, re.M)
+    assert "R_wg_sum" in out and "for (var s = 64u / 2u;" in out and "for (var s = 128u / 2u;" in out

@@ -5,6 +5,8 @@ Directives (each on its own line):
   #include NAME as P   inline it again with every name it declares at top level, every name declared
                        by earlier `as P` includes, and the bindings' `w` / params' `p`, prefixed by P
                        (a second quant decoder beside the first, for gemv.wgsl's DUAL)
+  #include NAME as P with A=1,B=2   the same, its conditionals and {{DEFINE}}s from these values over
+                       the kernel's (a second GEMV shape in one kernel: bench/persistent_gemv.py)
   #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable)
   #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
                        (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
@@ -59,7 +61,9 @@ def _expand(name: str, defines: dict, included: set, prefixed: dict, source: str
             inc = _SUB.sub(lambda m: _value(defines, m.group(1), name), s[9:].strip())
             if " as " in inc:
                 inc, prefix = (v.strip() for v in inc.split(" as "))
-                out.append(_prefixed(inc, prefix, defines, included, prefixed))
+                prefix, _, extra = prefix.partition(" with ")
+                own = {**defines, **_with(extra)} if extra else defines
+                out.append(_prefixed(inc, prefix.strip(), own, included, prefixed))
             else:
                 out.append(_expand(inc, defines, included, prefixed))
         else:
@@ -88,8 +92,18 @@ def _kept(name: str, lines: list, defines: dict) -> list:
     return out
 
 
+def _with(spec: str) -> dict:
+    """`A=1,B=x` of `#include NAME as P with A=1,B=x`: numbers as ints, 0 / 1 as well (so #if works)."""
+    out = {}
+    for item in spec.split(","):
+        k, _, v = item.strip().partition("=")
+        out[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
+    return out
+
+
 def _prefixed(name: str, prefix: str, defines: dict, included: set, prefixed: dict) -> str:
-    text = _expand(name, defines, set(), prefixed)      # its own copy, even if included plainly
+    # its own copy, even if included plainly, with its own defines already substituted
+    text = _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), prefixed))
     names = prefixed.setdefault(prefix, {"w", "p"})
     names.update(_DECL.findall(text))
     pattern = re.compile(r"(?<![.\w])(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
