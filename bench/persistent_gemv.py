@@ -42,6 +42,42 @@ from shaderlm.kernels import ops                     # noqa: E402
 QK, CPB, BLOCK = 256, 8, 144          # Q4_K: elements, GEMV chunks and bytes a block
 
 
+# Both kernels: two Q4_K decoders (the second prefixed B_, on its own binding), the activations `act`
+# (each phase's x and output at their offsets), the grid barrier's counters and the phase range.
+HEADER = """#include quant_common
+#include quant/q4_k
+#include quant_common as B_
+#include quant/q4_k as B_
+struct Prm { p0: u32, nph: u32, wait: u32, limit: u32 }
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
+@group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
+@group(0) @binding(4) var<uniform> prm: Prm;
+struct XRow { base: u32 }
+fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
+}"""
+
+
+def grid_wait(groups: int, dep: str = "0u") -> str:
+    """Phase ph's grid barrier: lane 0 spins until all groups have counted phase ph - 1 (plus `dep`,
+    0 in practice, which makes the wait depend on loads issued before it); past prm.limit spins it
+    counts a timeout and raises the abort flag, which ends every other wait."""
+    return f"""            if (li == 0u) {{
+                var n = 0u;
+                loop {{
+                    if (atomicLoad(&sync[0]) >= {groups}u * ph + {dep}) {{ break; }}
+                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
+                    n += 1u;
+                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
+                }}
+            }}
+            workgroupBarrier();
+            storageBarrier();"""
+
+
 def random_q4k(rng, rows: int, k: int) -> np.ndarray:
     """GGUF Q4_K bytes with small finite scales (d, dmin = 2^-10 .. 2^-9), random quants."""
     raw = rng.integers(0, 256, (rows, k // QK, BLOCK), dtype=np.uint8)
@@ -106,25 +142,11 @@ fn {P}first_of_next(layer: u32, g: u32, li: u32) -> u32 {{
     return cw.h.x ^ cw.q.y ^ cw.q.w;
 }}""")
     return f"""
-#include quant_common
-#include quant/q4_k
-#include quant_common as B_
-#include quant/q4_k as B_
+{HEADER}
 struct P {{ dbase: u32 }}
 const p = P(0u);
 const B_p = P(0u);
-struct Prm {{ p0: u32, nph: u32, wait: u32, limit: u32 }}
-@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
-@group(0) @binding(4) var<uniform> prm: Prm;
-struct XRow {{ base: u32 }}
 fn xv(r: XRow, i: u32) -> vec4<f32> {{ return act[r.base + i]; }}
-fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {{
-    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
-}}
 var<workgroup> part: array<f32, {part_n}>;
 {"".join(body)}
 
@@ -139,17 +161,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             var pre = 0u;
             if ((ph & 1u) == 0u) {{ pre = B_first_of_next(ph / 2u, g, li); }} else {{ pre = first_of_next(ph / 2u, g, li); }}
             let dep = select(0u, 1u, pre == 0x9E3779B9u);
-            if (li == 0u) {{
-                var n = 0u;
-                loop {{
-                    if (atomicLoad(&sync[0]) >= {groups}u * ph + dep) {{ break; }}
-                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
-                    n += 1u;
-                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
-                }}
-            }}
-            workgroupBarrier();
-            storageBarrier();
+{grid_wait(groups, "dep")}
         }}
         if ((ph & 1u) == 0u) {{ phase(ph / 2u, g, li, lane); }} else {{ B_phase(ph / 2u, g, li, lane); }}
         storageBarrier();
@@ -172,33 +184,19 @@ def kernel_rows(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: i
                    HOIST=True, PF=True, GLU=False, NORM=False, **bf)
     per_a, per_b = 2 * groups_a, 2 * groups_b
     src = f"""
-#include quant_common
-#include quant/q4_k
-#include quant_common as B_
-#include quant/q4_k as B_
+{HEADER}
 #include reduce
 struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
 const p = P({ka}u, {ra}u, 0u, 0u, 0u, 0.0);
 const B_p = P({kb}u, {rb}u, {ta * ka}u, 0u, 0u, 0.0);
-struct Prm {{ p0: u32, nph: u32, wait: u32, limit: u32 }}
-@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
-@group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
-@group(0) @binding(4) var<uniform> prm: Prm;
 const NPART: u32 = {wg}u / 2u;
 var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
 var<workgroup> norm_part: array<f32, {wg}>;
 const BFN: u32 = 2u;
 const SGC: u32 = {sgs}u;
-struct XRow {{ base: u32 }}
 var<private> ss: f32;
 var<private> x_on: f32;
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {{ return act[xrow.base + i] * x_on; }}
-fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {{
-    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
-}}
 fn write_y(o: u32, row: u32, s: f32) {{ act[o >> 2u][o & 3u] = s; }}
 #include gemv_rows
 #include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}
@@ -212,17 +210,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     for (var k = 0u; k < prm.nph; k++) {{
         let ph = prm.p0 + k;
         if (k > 0u && prm.wait != 0u) {{
-            if (li == 0u) {{
-                var n = 0u;
-                loop {{
-                    if (atomicLoad(&sync[0]) >= {groups}u * ph) {{ break; }}
-                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
-                    n += 1u;
-                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
-                }}
-            }}
-            workgroupBarrier();
-            storageBarrier();
+{grid_wait(groups)}
         }}
         if ((ph & 1u) == 0u) {{
             for (var blk = g; blk < {-(-ra // per_a)}u; blk += {groups}u) {{ rows(blk * {per_a}u, {ta}u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
@@ -307,7 +295,7 @@ def main():
             eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
         tuned += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=tuned_a)
         tuned += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=tuned_b)
-    eng = eng or tuned
+    eng = eng or tuned              # the correctness check's engine run
     plan1 = Plan(dev, eng[:2])
     plan1.run(1)
     ref_b, ref_a = dev.read(xb, np.float32), dev.read(ya, np.float32)
@@ -322,8 +310,8 @@ def main():
             dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync), 2 * L, 5, 0.3,
                                     before=lambda: dev.write(act, act0()))
             rows.append((rnd, name, dt * 1e6, t))
-        for name, ds in (("engine GEMVs, these shapes", eng), ("engine GEMVs, tuned-like shapes", tuned))[
-                :2 if a.gemv_rows else 1]:
+        engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
+        for name, ds in engines + [("engine GEMVs, tuned-like shapes", tuned)]:
             rows.append((rnd, name, timed(dev, Plan(dev, ds), 20, xb) / (2 * L) * 1e6, 0))
     mb = (wa.nbytes + wb.nbytes) / L / 2 / 1e6
     print(f"\n{mb:.1f} MB a phase on average (A {wa.nbytes / L / 1e6:.1f}, B {wb.nbytes / L / 1e6:.1f})")
