@@ -24,12 +24,17 @@ _SUB = re.compile(r"\{\{(\w+)\}\}")
 
 
 def load_wgsl(name: str, defines: dict) -> str:
-    return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), {}))
+    return expand_wgsl((KERNEL_DIR / f"{name}.wgsl").read_text(), defines, name)
 
 
 def expand_wgsl(text: str, defines: dict, name: str = "inline") -> str:
     """load_wgsl for source text built elsewhere (bench probes that include the kernels' decoders)."""
-    return _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), {}, text))
+    return _substituted(_expand(name, defines, set(), {}, text), defines, name)
+
+
+def _substituted(text: str, defines: dict, kernel: str) -> str:
+    """Every {{NAME}} in `text` replaced by its define."""
+    return _SUB.sub(lambda m: _value(defines, m.group(1), kernel), text)
 
 
 def _value(defines, key, kernel):
@@ -58,7 +63,7 @@ def _expand(name: str, defines: dict, included: set, prefixed: dict, source: str
     for line in _unroll(name, _kept(name, text, defines), defines):
         s = line.strip()
         if s.startswith("#include "):
-            inc = _SUB.sub(lambda m: _value(defines, m.group(1), name), s[9:].strip())
+            inc = _substituted(s[9:].strip(), defines, name)
             if " as " in inc:
                 inc, prefix = (v.strip() for v in inc.split(" as "))
                 prefix, _, extra = prefix.partition(" with ")
@@ -103,7 +108,7 @@ def _with(spec: str) -> dict:
 
 def _prefixed(name: str, prefix: str, defines: dict, included: set, prefixed: dict) -> str:
     # its own copy, even if included plainly, with its own defines already substituted
-    text = _SUB.sub(lambda m: _value(defines, m.group(1), name), _expand(name, defines, set(), prefixed))
+    text = _substituted(_expand(name, defines, set(), prefixed), defines, name)
     names = prefixed.setdefault(prefix, {"w", "p"})
     names.update(_DECL.findall(text))
     pattern = re.compile(r"(?<![.\w])(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
