@@ -111,6 +111,24 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
+def grid_wait(target: str) -> str:
+    """WGSL for a persistent kernel's grid barrier (persistent_step.py, persistent_gemv.py): lane 0
+    spins until the count sync[0] reaches `target` (an expression); past prm.limit spins it counts a
+    timeout (sync[2]) and raises the abort flag (sync[3]), which ends every other wait at once, so a
+    grid that is not co-resident reports itself instead of hanging. Then the workgroup follows."""
+    return f"""        if (li == 0u) {{
+            var n = 0u;
+            loop {{
+                if (atomicLoad(&sync[0]) >= {target}) {{ break; }}
+                if (atomicLoad(&sync[3]) != 0u) {{ break; }}
+                n += 1u;
+                if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
+            }}
+        }}
+        workgroupBarrier();
+        storageBarrier();"""
+
+
 def timed_run(dev, pipe, steps, sync):
     """One command buffer: the sync counters cleared, then each (bind group, workgroups) of `steps`
     dispatched in order. Seconds from submit to the counters' readback, bad x reads, timed-out waits."""

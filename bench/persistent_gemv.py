@@ -31,7 +31,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from grid_barrier import timed_median, timed_run   # noqa: E402
+from grid_barrier import grid_wait, timed_median, timed_run   # noqa: E402
 from kernel_chain import timed                      # noqa: E402
 from shaderlm.gpu.device import get_device          # noqa: E402
 from shaderlm.gpu.plan import Plan                   # noqa: E402
@@ -59,23 +59,6 @@ fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
     return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
 }"""
-
-
-def grid_wait(groups: int, dep: str = "0u") -> str:
-    """Phase ph's grid barrier: lane 0 spins until all groups have counted phase ph - 1 (plus `dep`,
-    0 in practice, which makes the wait depend on loads issued before it); past prm.limit spins it
-    counts a timeout and raises the abort flag, which ends every other wait."""
-    return f"""            if (li == 0u) {{
-                var n = 0u;
-                loop {{
-                    if (atomicLoad(&sync[0]) >= {groups}u * ph + {dep}) {{ break; }}
-                    if (atomicLoad(&sync[3]) != 0u) {{ break; }}
-                    n += 1u;
-                    if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
-                }}
-            }}
-            workgroupBarrier();
-            storageBarrier();"""
 
 
 def random_q4k(rng, rows: int, k: int) -> np.ndarray:
@@ -161,7 +144,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             var pre = 0u;
             if ((ph & 1u) == 0u) {{ pre = B_first_of_next(ph / 2u, g, li); }} else {{ pre = first_of_next(ph / 2u, g, li); }}
             let dep = select(0u, 1u, pre == 0x9E3779B9u);
-{grid_wait(groups, "dep")}
+{grid_wait(f"{groups}u * ph + dep")}
         }}
         if ((ph & 1u) == 0u) {{ phase(ph / 2u, g, li, lane); }} else {{ B_phase(ph / 2u, g, li, lane); }}
         storageBarrier();
@@ -210,7 +193,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     for (var k = 0u; k < prm.nph; k++) {{
         let ph = prm.p0 + k;
         if (k > 0u && prm.wait != 0u) {{
-{grid_wait(groups)}
+{grid_wait(f"{groups}u * ph")}
         }}
         if ((ph & 1u) == 0u) {{
             for (var blk = g; blk < {-(-ra // per_a)}u; blk += {groups}u) {{ rows(blk * {per_a}u, {ta}u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}

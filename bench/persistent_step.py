@@ -47,7 +47,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from grid_barrier import timed_median, timed_run  # noqa: E402
+from grid_barrier import grid_wait, timed_median, timed_run  # noqa: E402
 from shaderlm.bench import peak_read_gbs          # noqa: E402
 from shaderlm.gpu.device import get_device        # noqa: E402
 
@@ -150,17 +150,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     // compiler must issue their loads before it spins instead of sinking them to their first use
     let dep = {force_dep};
     if (prm.wait != 0u && {'true' if barrier else 'false'}) {{
-        if (li == 0u) {{
-            var n = 0u;
-            loop {{
-                if (atomicLoad(&sync[0]) >= groups * (prm.g0 + k) + dep) {{ break; }}
-                if (atomicLoad(&sync[3]) != 0u) {{ break; }}
-                n += 1u;
-                if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
-            }}
-        }}
-        workgroupBarrier();
-        storageBarrier();
+{grid_wait("groups * (prm.g0 + k) + dep")}
     }}
 {"" if prefetch else first}
     let xin = {xin};
