@@ -118,10 +118,15 @@ def grid_wait(target: str) -> str:
     grid that is not co-resident reports itself instead of hanging. Then the workgroup follows."""
     return f"""        if (li == 0u) {{
             var n = 0u;
+            var done = false;
+            // two nested loops: llvmpipe ends any one loop after 65,535 trips
             loop {{
-                if (atomicLoad(&sync[0]) >= {target}) {{ break; }}
-                if (atomicLoad(&sync[3]) != 0u) {{ break; }}
-                n += 1u;
+                for (var m = 0u; m < 1024u; m++) {{
+                    if (atomicLoad(&sync[0]) >= {target}) {{ done = true; break; }}
+                    if (atomicLoad(&sync[3]) != 0u) {{ done = true; break; }}
+                }}
+                if (done) {{ break; }}
+                n += 1024u;
                 if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); atomicStore(&sync[3], 1u); break; }}
             }}
         }}
@@ -130,10 +135,10 @@ def grid_wait(target: str) -> str:
 
 
 def timed_run(dev, pipe, steps, sync):
-    """One command buffer: the sync counters cleared, then each (bind group, workgroups) of `steps`
+    """One command buffer: the sync counters (the whole buffer) cleared, then each (bind group, workgroups) of `steps`
     dispatched in order. Seconds from submit to the counters' readback, bad x reads, timed-out waits."""
     enc = dev.encoder()
-    enc.clear_buffer(sync, 0, 16)
+    enc.clear_buffer(sync)
     cp = enc.begin_compute_pass()
     cp.set_pipeline(pipe)
     for bg, g in steps:
@@ -144,6 +149,26 @@ def timed_run(dev, pipe, steps, sync):
     dev.submit([enc.finish()])
     s = dev.read(sync, np.uint32)
     return time.perf_counter() - t0, int(s[1]), int(s[2])
+
+
+def timed_reps(dev, pipe, steps, sync, reps: int = 20):
+    """timed_run with `steps` repeated `reps` times in one command buffer (the counters cleared before
+    each), so the submit and readback (0.1-0.3 ms on the H200) are spread over them: seconds a repeat, timed-out
+    waits. Used where short runs are compared with `kernel_chain.timed`'s (20 repeats as well)."""
+    enc = dev.encoder()
+    for _ in range(reps):
+        enc.clear_buffer(sync)
+        cp = enc.begin_compute_pass()
+        cp.set_pipeline(pipe)
+        for bg, g in steps:
+            cp.set_bind_group(0, bg)
+            cp.dispatch_workgroups(g)
+        cp.end()
+    cb = enc.finish()
+    t0 = time.perf_counter()
+    dev.submit([cb])
+    s = dev.read(sync, np.uint32)
+    return (time.perf_counter() - t0) / reps, int(s[1]), int(s[2])
 
 
 def timed_median(once, per: int, reps: int = 5, warm_s: float = 0.3, before=lambda: None):

@@ -16,9 +16,16 @@ With --gemv-rows the phases are gemv_rows.wgsl's row groups instead (the engine'
 each with its own shape through `#include gemv_rows as B_ with ...`), against the engine on the same
 shapes and on tuned-like ones. Both results are checked against each other after one layer (same
 weights, same x). A grid that is not co-resident times out (the abort flag) and shows as nan.
+With --ticket the same gemv_rows phases run as one *ticketed* dispatch of the engine's own grid
+(kernel_ticket: a workgroup's role comes from an atomic ticket, so it waits only on workgroups that
+have started, and no co-residency is assumed), every layer's outputs checked against the engine's.
+Every variant is timed 20 repeats a submit, as the engine's dispatches are (round 17 timed the
+persistent rows one repeat a submit, which added 8-20 us a phase: bench/NOTES.md round 18).
 
     python bench/persistent_gemv.py [--layers 8] [--groups 132] [--wg 512] [--rows 1] [--small]
     python bench/persistent_gemv.py --gemv-rows --groups 264 --wg 128 --steps-b 4 --groups-a 28 --groups-b 8
+    python bench/persistent_gemv.py --ticket --wg 128 --groups-a 28 --steps-b 4 --groups-b 8 [--variants ...]
+    python bench/persistent_gemv.py --small --ticket --wg 32 --steps-b 1 --groups-a 4 --groups-b 2   (lavapipe)
 """
 from __future__ import annotations
 
@@ -31,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from grid_barrier import grid_wait, timed_median, timed_run   # noqa: E402
+from grid_barrier import grid_wait, timed_median, timed_reps, timed_run   # noqa: E402
 from kernel_chain import timed                      # noqa: E402
 from shaderlm.gpu.device import get_device          # noqa: E402
 from shaderlm.gpu.plan import Plan                   # noqa: E402
@@ -156,7 +163,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 
 def kernel_rows(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, steps_b: int,
-                ta: int, groups_a: int = 8, groups_b: int = 8) -> tuple[str, dict]:
+                ta: int, layers: int, groups_a: int = 8, groups_b: int = 8) -> tuple[str, dict]:
     """The same two phases with gemv_rows.wgsl's row groups (the engine's GEMV code: HOIST, PF and the
     butterfly, 2 rows x groups_a / groups_b a workgroup pass), A with 1 chunk step a lane and B with steps_b,
     each workgroup of the resident grid taking row groups g, g + G, ... `act` holds B's x (A's
@@ -170,8 +177,8 @@ def kernel_rows(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: i
 {HEADER}
 #include reduce
 struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
-const p = P({ka}u, {ra}u, 0u, 0u, 0u, 0.0);
-const B_p = P({kb}u, {rb}u, {ta * ka}u, 0u, 0u, 0.0);
+const p = P({ka}u, {layers * ra}u, 0u, 0u, 0u, 0.0);
+const B_p = P({kb}u, {layers * rb}u, {ta * ka}u, 0u, 0u, 0.0);
 const NPART: u32 = {wg}u / 2u;
 var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
 var<workgroup> norm_part: array<f32, {wg}>;
@@ -179,8 +186,9 @@ const BFN: u32 = 2u;
 const SGC: u32 = {sgs}u;
 var<private> ss: f32;
 var<private> x_on: f32;
+var<private> y_shift: u32;     // the phase's first row in its weight (its layer's): outputs start at 0
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {{ return act[xrow.base + i] * x_on; }}
-fn write_y(o: u32, row: u32, s: f32) {{ act[o >> 2u][o & 3u] = s; }}
+fn write_y(o: u32, row: u32, s: f32) {{ let j = o - y_shift; act[j >> 2u][j & 3u] = s; }}
 #include gemv_rows
 #include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}
 
@@ -196,9 +204,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 {grid_wait(f"{groups}u * ph")}
         }}
         if ((ph & 1u) == 0u) {{
-            for (var blk = g; blk < {-(-ra // per_a)}u; blk += {groups}u) {{ rows(blk * {per_a}u, {ta}u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
+            y_shift = ph / 2u * {ra}u;
+            for (var blk = g; blk < {-(-ra // per_a)}u; blk += {groups}u) {{ rows(y_shift + blk * {per_a}u, {ta}u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
         }} else {{
-            for (var blk = g; blk < {-(-rb // per_b)}u; blk += {groups}u) {{ B_rows(blk * {per_b}u, 0u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
+            y_shift = ph / 2u * {rb}u;
+            for (var blk = g; blk < {-(-rb // per_b)}u; blk += {groups}u) {{ B_rows(y_shift + blk * {per_b}u, 0u, li, lane, sg, nsg, sgsize); workgroupBarrier(); }}
         }}
         storageBarrier();
         workgroupBarrier();
@@ -207,6 +217,196 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 }}
 """
     return src, defines
+
+
+def kernel_ticket(wg: int, ra: int, ka: int, rb: int, kb: int, sgs: int, layers: int, steps_b: int, groups_a: int,
+                  groups_b: int, prewait: bool, xatom: bool, strip: str = "") -> tuple[str, dict, int, int]:
+    """The same two gemv_rows phases as one *ticketed* dispatch of every workgroup of every phase: a
+    workgroup takes a ticket (an atomic count) as it starts, and the ticket, not its id, says which
+    phase and row block it runs. A phase's workgroups wait until every workgroup of the phases before
+    has counted itself done. They wait only on smaller tickets, which have all started, so no
+    co-residency is assumed (unlike the persistent grid), and the grid is the engine's own (a
+    workgroup a row block, as many resident as fit). With prewait, a workgroup issues its first row
+    group's weight loads before the wait (gemv_rows.wgsl PREWAIT). Each layer's activations have their
+    own region of `act` (X_l, Y_l, X_l+1, ...), so no SM has read a line of x before it is written;
+    with xatom x is read and written through atomics as well. With prm.wait = 0 it is a dispatch a
+    phase, ids for tickets: the same kernel without the waits; with prm.wait = 2 one dispatch that
+    waits, ids for tickets (safe only if the GPU starts workgroups in id order).
+    `strip` (diagnostics, a dispatch a phase only): "nowait" leaves out the wait and the count,
+    "xro" reads x from a read-only binding of its own (binding 5, a copy), "noticket" the ticket.
+    Returns the source, its defines, and A's and B's workgroups a layer."""
+    bf = dict(SG_BFLY=True, BFN=2, BF2=True, BF4=False, BF8=False, SGC=sgs, BF_TAIL=sgs.bit_length() - 2,
+              BF_ARGS="acc0, acc1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0")
+    defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
+                   HOIST=True, PF=True, GLU=False, NORM=False, PREWAIT=prewait, PREWAIT_KEY="q.x", **bf)
+    per_a, per_b = 2 * groups_a, 2 * groups_b
+    na, nb = -(-ra // per_a), -(-rb // per_b)
+    header = HEADER
+    if xatom:
+        header = header.replace("var<storage, read_write> act: array<vec4<f32>>",
+                                "var<storage, read_write> act: array<atomic<u32>>")
+        xv = ("let j = (x_off + xrow.base + i) * 4u;\n    return vec4<f32>(bitcast<f32>(atomicLoad(&act[j])), "
+              "bitcast<f32>(atomicLoad(&act[j + 1u])),\n        bitcast<f32>(atomicLoad(&act[j + 2u])), "
+              "bitcast<f32>(atomicLoad(&act[j + 3u]))) * x_on;")
+        wy = "atomicStore(&act[y_off + o], bitcast<u32>(s));"
+    else:
+        xv = "return act[x_off + xrow.base + i] * x_on;"
+        if "xro" in strip:
+            header += "\n@group(0) @binding(5) var<storage, read> xr: array<vec4<f32>>;"
+            xv = "return xr[x_off + xrow.base + i] * x_on;"
+        wy = "let j = y_off + o;\n    act[j >> 2u][j & 3u] = s;"
+    wait_body = "" if "nowait" in strip else f"""    let li = red_lane;
+    let dep = select(0u, 1u, key == 0x9E3779B9u);
+{grid_wait("need + dep")}"""
+    count_done = "" if "nowait" in strip else """    storageBarrier();
+    workgroupBarrier();
+    if (li == 0u) { atomicAdd(&sync[0], 1u); }"""
+    src = f"""
+{header}
+#include reduce
+struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
+const p = P({ka}u, {layers * ra}u, 0u, 0u, 0u, 0.0);
+const B_p = P({kb}u, {layers * rb}u, 0u, 0u, 0u, 0.0);
+const NPART: u32 = {wg}u / 2u;
+var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
+var<workgroup> norm_part: array<f32, {wg}>;
+var<workgroup> ticket: u32;
+const BFN: u32 = 2u;
+const SGC: u32 = {sgs}u;
+var<private> ss: f32;
+var<private> x_on: f32;
+var<private> x_off: u32;           // this layer's x (vec4s) and output (floats) in act
+var<private> y_off: u32;           // (less the phase's first row in its weight: its layer's)
+var<private> need: u32;            // workgroups of the phases before this one
+fn xv(xrow: XRow, i: u32) -> vec4<f32> {{
+    {xv}
+}}
+fn write_y(o: u32, row: u32, s: f32) {{
+    {wy}
+}}
+// wait until every workgroup of the phases before has counted itself done (`key`, a loaded weight
+// word, makes the wait depend on the loads before it; 1 in 2^32 it waits for one more)
+fn phase_wait(key: u32) {{
+{wait_body}
+}}
+#include gemv_rows
+#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}
+
+@compute @workgroup_size({wg})
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_id) sg: u32,
+        @builtin(num_subgroups) nsg: u32, @builtin(subgroup_size) sgsize: u32) {{
+    red_lane = li;
+    var t = prm.p0 / 2u * {na + nb}u + (prm.p0 & 1u) * {na}u + wid.x;
+    if ({"false" if "noticket" in strip else "prm.wait == 1u"}) {{
+        if (li == 0u) {{ ticket = atomicAdd(&sync[4], 1u); }}
+        t = workgroupUniformLoad(&ticket);
+    }}
+    let layer = t / {na + nb}u;
+    let r = t % {na + nb}u;
+    let is_b = r >= {na}u;
+    need = select(0u, layer * {na + nb}u + select(0u, {na}u, is_b), prm.wait != 0u);
+    let x0 = layer * {ka + kb}u + select(0u, {ka}u, is_b);
+    x_off = x0 / 4u;
+    let row0 = layer * select({ra}u, {rb}u, is_b);
+    y_off = x0 + select({ka}u, {kb}u, is_b) - row0;
+#if !PREWAIT
+    phase_wait(0u);
+#endif
+    if (is_b) {{ B_rows(row0 + (r - {na}u) * {per_b}u, 0u, li, lane, sg, nsg, sgsize); }}
+    else {{ rows(row0 + r * {per_a}u, 0u, li, lane, sg, nsg, sgsize); }}
+{count_done}
+}}
+"""
+    return src, defines, na, nb
+
+
+def run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
+    """--ticket: each of --variants (kernel_ticket's options joined by '+': prewait, xatom, and the
+    diagnostics nowait, xro, noticket) as one ticketed dispatch, one with ids for tickets and a
+    dispatch a phase, against the engine's dispatches on the same shapes; every layer's outputs
+    checked against the engine's. A nowait variant runs a dispatch a phase only, A's and B's apart."""
+    L, WG = a.layers, a.wg
+    # the engine, same shapes, chained through buffers of its own a layer; and round 17's tuned-like shapes
+    xs = [dev.upload(x0)] + [dev.buffer(ka * 4) for _ in range(L)]
+    ys = [dev.buffer(kb * 4) for _ in range(L)]
+    eng, tuned = [], []
+    for layer in range(L):
+        la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
+        lb = upload_weight(dev, f"B{layer}", "Q4_K", (rb, kb), raw_b[layer])
+        eng += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=(WG, 2, 1, a.groups_a, 1, 1, 1))
+        eng += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
+        if not a.small:
+            tuned += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=(128, 2, 1, 8, 1, 1, 1))
+            tuned += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=(224, 2, 2, 8, 1, 1, 1))
+    Plan(dev, eng).run(1)
+    ref = [dev.read(b, np.float32) for pair in zip(ys, xs[1:]) for b in pair]
+    mb_a, mb_b = wa.nbytes / L / 1e6, wb.nbytes / L / 1e6
+    rows = []                    # (round, variant, run, us a phase, MB a phase, timeouts, max rel err)
+
+    def engine_rows(rnd):
+        for name, ds in (("engine, these shapes", eng), ("engine, 128x2/8 and 224x2x2/8", tuned)):
+            if ds:
+                for run, part, mb in (("A+B", ds, (mb_a + mb_b) / 2), ("A", ds[0::2], mb_a), ("B", ds[1::2], mb_b)):
+                    rows.append((rnd, name, run, timed(dev, Plan(dev, part), 20, xs[0]) / len(part) * 1e6, mb, 0, 0.0))
+
+    act_n = L * (ka + kb) + ka
+    act = dev.buffer(act_n * 4)
+    sync = dev.upload(np.zeros(8, np.uint32))
+    limit = 2_000_000
+
+    def act0():
+        v = np.zeros(act_n, np.float32)
+        v[:ka] = x0
+        return v
+    for variant in a.variants.split(","):
+        src, defines, na, nb = kernel_ticket(WG, ra, ka, rb, kb, sgs, L, a.steps_b, a.groups_a, a.groups_b,
+                                             "prewait" in variant, "xatom" in variant, variant)
+        pipe = dev.compile(expand_wgsl(src, defines), "ticket_gemv")
+        extra = [dev.upload(act0())] if "xro" in variant else []
+
+        def bg(p0, nph, wait):
+            return dev.bind_group(pipe, [wa.chunks[0].buffer, wb.chunks[0].buffer, act, sync,
+                                         dev.uniform(p0, nph, wait, limit)] + extra)
+        per_phase = [(bg(q, 1, 0), nb if q & 1 else na) for q in range(2 * L)]
+        if "nowait" in variant:
+            runs = [("A", per_phase[0::2], mb_a), ("B", per_phase[1::2], mb_b)]
+        else:
+            runs = [("one dispatch", [(bg(0, 2 * L, 1), L * (na + nb))], (mb_a + mb_b) / 2),
+                    ("one dispatch, ids as tickets", [(bg(0, 2 * L, 2), L * (na + nb))], (mb_a + mb_b) / 2),
+                    ("a dispatch a phase", per_phase, (mb_a + mb_b) / 2)]
+        for run, st, mb in runs:
+            dev.write(act, act0())
+            _, _, tout = timed_run(dev, pipe, st, sync)
+            got = dev.read(act, np.float32)
+            errs = []
+            for layer in range(L if "nowait" not in variant else 0):
+                o = layer * (ka + kb)
+                for r_, g_ in ((ref[2 * layer], got[o + ka:o + ka + kb]),
+                               (ref[2 * layer + 1], got[o + ka + kb:o + 2 * ka + kb])):
+                    if np.isfinite(r_).all():      # random layers grow x: the last ones overflow
+                        errs.append(float(np.abs(g_ - r_).max() / max(np.abs(r_).max(), 1e-30)))
+            if errs:
+                print(f"{variant}, {run}: rel err a phase against the engine "
+                      f"{' '.join(f'{e:.1e}' for e in errs)}, timeouts {tout}", flush=True)
+            for rnd in range(2):
+                # 20 repeats a submit, as the engine's rows (one repeat a submit added 8-20 us a phase)
+                phases = len(st) if len(st) > 1 else 2 * L
+                dt, _, t = timed_median(lambda st=st: timed_reps(dev, pipe, st, sync), phases, 5, 0.3,
+                                        before=lambda: dev.write(act, act0()))
+                rows.append((rnd, variant, run, dt * 1e6, mb, t, max(errs) if errs else float("nan")))
+    for rnd in range(2):
+        engine_rows(rnd)
+    print(f"\nA {WG}x2/{a.groups_a} ({na} workgroups, {mb_a:.1f} MB), B {WG}x2x{a.steps_b}/{a.groups_b} "
+          f"({nb} workgroups, {mb_b:.1f} MB)")
+    print("| variant | run | us a phase (2 rounds) | GB/s | timeouts | max rel err |")
+    print("|---|---|---|---|---|---|")
+    keys = list(dict.fromkeys((r[1], r[2]) for r in rows))
+    for v, run in keys:
+        got = [r for r in rows if (r[1], r[2]) == (v, run)]
+        us = " / ".join(f"{r[3]:.2f}" for r in got)
+        print(f"| {v} | {run} | {us} | {got[0][4] * 1e3 / min(r[3] for r in got):.0f} | "
+              f"{sum(r[5] for r in got)} | {got[0][6]:.1e} |")
 
 
 def main():
@@ -220,6 +420,10 @@ def main():
     ap.add_argument("--steps-b", type=int, default=2, help="--gemv-rows: B's chunk steps a lane")
     ap.add_argument("--groups-a", type=int, default=8, help="--gemv-rows: A's row groups a workgroup pass")
     ap.add_argument("--groups-b", type=int, default=8, help="--gemv-rows: B's row groups a workgroup pass")
+    ap.add_argument("--ticket", action="store_true", help="the ticketed dispatch (kernel_ticket), with --wg, "
+                    "--steps-b, --groups-a, --groups-b")
+    ap.add_argument("--variants", default="ticket,ticket+prewait",
+                    help="--ticket: kernel_ticket options joined by '+' (prewait, xatom; nowait, xro, noticket)")
     a = ap.parse_args()
     dev = get_device()
     sgs = dev.subgroup_size
@@ -233,11 +437,13 @@ def main():
     wa = upload_weight(dev, "A", "Q4_K", (L * ra, ka), np.concatenate(raw_a))
     wb = upload_weight(dev, "B", "Q4_K", (L * rb, kb), np.concatenate(raw_b))
     x0 = rng.standard_normal(ka).astype(np.float32)
+    if a.ticket:
+        return run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0)
 
     # persistent kernel (and the same kernel a dispatch per phase); act: A's x at xa_off, B's at xb_off
     if a.gemv_rows:
         ta = -(-kb // ka)
-        src, defines = kernel_rows(WG, G, ra, ka, rb, kb, sgs, a.steps_b, ta, a.groups_a, a.groups_b)
+        src, defines = kernel_rows(WG, G, ra, ka, rb, kb, sgs, a.steps_b, ta, L, a.groups_a, a.groups_b)
         xa_off, xb_off = ta * ka, 0
     else:
         src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows), dict(WIDE=True, INT_DOT=True, X24=True,
@@ -290,7 +496,7 @@ def main():
     for rnd in range(2):
         for name, st in (("persistent", steps(False, 2 * L)), ("a dispatch a phase", steps(True, 2 * L))):
             # x restored before each run: the random layers would otherwise grow it without bound
-            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync), 2 * L, 5, 0.3,
+            dt, _, t = timed_median(lambda st=st: timed_reps(dev, pipe, st, sync), 2 * L, 5, 0.3,
                                     before=lambda: dev.write(act, act0()))
             rows.append((rnd, name, dt * 1e6, t))
         engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
