@@ -232,6 +232,8 @@ def kernel_ticket(wg: int, ra: int, ka: int, rb: int, kb: int, sgs: int, layers:
     with xatom x is read and written through atomics as well. With prm.wait = 0 it is a dispatch a
     phase, ids for tickets: the same kernel without the waits; with prm.wait = 2 one dispatch that
     waits, ids for tickets (safe only if the GPU starts workgroups in id order).
+    groups_b = 1 makes B a plain shape (no HOIST or PF: the workgroup strides over a row's chunks,
+    steps_b at a time), so the kernel needs fewer registers than a HOIST B.
     `strip` (diagnostics, a dispatch a phase only): "nowait" leaves out the wait and the count,
     "xro" reads x from a read-only binding of its own (binding 5, a copy), "noticket" the ticket.
     Returns the source, its defines, and A's and B's workgroups a layer."""
@@ -241,6 +243,7 @@ def kernel_ticket(wg: int, ra: int, ka: int, rb: int, kb: int, sgs: int, layers:
                    HOIST=True, PF=True, GLU=False, NORM=False, PREWAIT=prewait, PREWAIT_KEY="q.x", **bf)
     per_a, per_b = 2 * groups_a, 2 * groups_b
     na, nb = -(-ra // per_a), -(-rb // per_b)
+    b_plain = groups_b == 1          # B strides over its row's chunks (no HOIST, no PF): fewer registers
     header = HEADER
     if xatom:
         header = header.replace("var<storage, read_write> act: array<vec4<f32>>",
@@ -290,7 +293,7 @@ fn phase_wait(key: u32) {{
 {wait_body}
 }}
 #include gemv_rows
-#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}
+#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}{",HOIST=0,PF=0,PREWAIT=0" if b_plain else ""}
 
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -310,9 +313,8 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     x_off = x0 / 4u;
     let row0 = layer * select({ra}u, {rb}u, is_b);
     y_off = x0 + select({ka}u, {kb}u, is_b) - row0;
-#if !PREWAIT
-    phase_wait(0u);
-#endif
+    x_on = 1.0;                     // (a HOIST phase sets its own; a plain one reads x whole)
+    if ({"is_b" if b_plain else "false"} || !{"true" if prewait else "false"}) {{ phase_wait(0u); }}
     if (is_b) {{ B_rows(row0 + (r - {na}u) * {per_b}u, 0u, li, lane, sg, nsg, sgsize); }}
     else {{ rows(row0 + r * {per_a}u, 0u, li, lane, sg, nsg, sgsize); }}
 {count_done}
@@ -335,7 +337,8 @@ def run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
         la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
         lb = upload_weight(dev, f"B{layer}", "Q4_K", (rb, kb), raw_b[layer])
         eng += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=(WG, 2, 1, a.groups_a, 1, 1, 1))
-        eng += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
+        eng += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb,
+                        shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, int(a.groups_b > 1)))
         if not a.small:
             tuned += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=(128, 2, 1, 8, 1, 1, 1))
             tuned += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=(224, 2, 2, 8, 1, 1, 1))
@@ -422,12 +425,15 @@ def main():
     ap.add_argument("--groups-b", type=int, default=8, help="--gemv-rows: B's row groups a workgroup pass")
     ap.add_argument("--ticket", action="store_true", help="the ticketed dispatch (kernel_ticket), with --wg, "
                     "--steps-b, --groups-a, --groups-b")
+    ap.add_argument("--square", type=int, default=0, help="A and B both N x N (an o-like 4,096: 9.4 MB phases)")
     ap.add_argument("--variants", default="ticket,ticket+prewait",
                     help="--ticket: kernel_ticket options joined by '+' (prewait, xatom; nowait, xro, noticket)")
     a = ap.parse_args()
     dev = get_device()
     sgs = dev.subgroup_size
     ra, ka, rb, kb = (1024, 512, 512, 1024) if a.small else (14336, 4096, 4096, 14336)   # rb = ka, ra = kb
+    if a.square:
+        ra = ka = rb = kb = a.square
     L, G, WG = a.layers, a.groups, a.wg
     print(f"device: {dev.name}, subgroups {sgs}; A {ra}x{ka}, B {rb}x{kb} Q4_K, {L} layers, {G} x {WG}, "
           f"{a.rows} rows a trip")
