@@ -134,27 +134,11 @@ def grid_wait(target: str) -> str:
         storageBarrier();"""
 
 
-def timed_run(dev, pipe, steps, sync):
-    """One command buffer: the sync counters (the whole buffer) cleared, then each (bind group, workgroups) of `steps`
-    dispatched in order. Seconds from submit to the counters' readback, bad x reads, timed-out waits."""
-    enc = dev.encoder()
-    enc.clear_buffer(sync)
-    cp = enc.begin_compute_pass()
-    cp.set_pipeline(pipe)
-    for bg, g in steps:
-        cp.set_bind_group(0, bg)
-        cp.dispatch_workgroups(g)
-    cp.end()
-    t0 = time.perf_counter()
-    dev.submit([enc.finish()])
-    s = dev.read(sync, np.uint32)
-    return time.perf_counter() - t0, int(s[1]), int(s[2])
-
-
-def timed_reps(dev, pipe, steps, sync, reps: int = 20):
-    """timed_run with `steps` repeated `reps` times in one command buffer (the counters cleared before
-    each), so the submit and readback (0.1-0.3 ms on the H200) are spread over them: seconds a repeat, timed-out
-    waits. Used where short runs are compared with `kernel_chain.timed`'s (20 repeats as well)."""
+def timed_run(dev, pipe, steps, sync, reps: int = 1):
+    """One command buffer: `reps` times the sync counters (the whole buffer) cleared, then each (bind
+    group, workgroups) of `steps` dispatched in order. Seconds a repeat from submit to the counters'
+    readback, bad x reads, timed-out waits (of the last repeat). The submit and readback take 0.1-0.3
+    ms on the H200: compare short runs with `kernel_chain.timed`'s at its 20 repeats."""
     enc = dev.encoder()
     for _ in range(reps):
         enc.clear_buffer(sync)

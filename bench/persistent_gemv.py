@@ -38,7 +38,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 sys.path.insert(0, os.path.dirname(__file__))
 
-from grid_barrier import grid_wait, timed_median, timed_reps, timed_run   # noqa: E402
+from grid_barrier import grid_wait, timed_median, timed_run   # noqa: E402
 from kernel_chain import timed                      # noqa: E402
 from shaderlm.gpu.device import get_device          # noqa: E402
 from shaderlm.gpu.plan import Plan                   # noqa: E402
@@ -395,7 +395,7 @@ def run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
             for rnd in range(2):
                 # 20 repeats a submit, as the engine's rows (one repeat a submit added 8-20 us a phase)
                 phases = len(st) if len(st) > 1 else 2 * L
-                dt, _, t = timed_median(lambda st=st: timed_reps(dev, pipe, st, sync), phases, 5, 0.3,
+                dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), phases, 5, 0.3,
                                         before=lambda: dev.write(act, act0()))
                 rows.append((rnd, variant, run, dt * 1e6, mb, t, max(errs) if errs else float("nan")))
     for rnd in range(2):
@@ -502,7 +502,7 @@ def main():
     for rnd in range(2):
         for name, st in (("persistent", steps(False, 2 * L)), ("a dispatch a phase", steps(True, 2 * L))):
             # x restored before each run: the random layers would otherwise grow it without bound
-            dt, _, t = timed_median(lambda st=st: timed_reps(dev, pipe, st, sync), 2 * L, 5, 0.3,
+            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), 2 * L, 5, 0.3,
                                     before=lambda: dev.write(act, act0()))
             rows.append((rnd, name, dt * 1e6, t))
         engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
