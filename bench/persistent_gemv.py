@@ -162,30 +162,39 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 """
 
 
-def kernel_rows(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, steps_b: int,
+def rows_setup(dev, wg: int, groups_a: int, ka: int, rows_a: int, kb: int, rows_b: int, row0_b: int,
+               part_rows: int) -> tuple[dict, str]:
+    """What both gemv_rows kernels share: A's shape as gemv.wgsl defines (2 rows, one chunk step,
+    groups_a row groups, HOIST, PF, x24 and the engine's butterfly; B's include overrides its own),
+    and the WGSL after HEADER: both phases' constant params (rows_a / rows_b over every layer, B's
+    outputs from row0_b), the row groups' workgroup memory and the private values gemv_rows reads."""
+    defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
+                   HOIST=True, PF=True, GLU=False, NORM=False, **ops._bfly_defines(dev, 2, False, 1))
+    wgsl = f"""#include reduce
+struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
+const p = P({ka}u, {rows_a}u, 0u, 0u, 0u, 0.0);
+const B_p = P({kb}u, {rows_b}u, {row0_b}u, 0u, 0u, 0.0);
+const NPART: u32 = {wg}u / 2u;
+var<workgroup> part: array<f32, {part_rows} * NPART>;
+var<workgroup> norm_part: array<f32, {wg}>;
+const BFN: u32 = 2u;
+const SGC: u32 = {dev.subgroup_size}u;
+var<private> ss: f32;
+var<private> x_on: f32;"""
+    return defines, wgsl
+
+
+def kernel_rows(dev, wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, steps_b: int,
                 ta: int, layers: int, groups_a: int = 8, groups_b: int = 8) -> tuple[str, dict]:
     """The same two phases with gemv_rows.wgsl's row groups (the engine's GEMV code: HOIST, PF and the
     butterfly, 2 rows x groups_a / groups_b a workgroup pass), A with 1 chunk step a lane and B with steps_b,
     each workgroup of the resident grid taking row groups g, g + G, ... `act` holds B's x (A's
     output) from 0 and A's x (B's output) from ta * ka; rows() finds them through its token index."""
-    bf = dict(SG_BFLY=True, BFN=2, BF2=True, BF4=False, BF8=False, SGC=sgs, BF_TAIL=sgs.bit_length() - 2,
-              BF_ARGS="acc0, acc1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0")
-    defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
-                   HOIST=True, PF=True, GLU=False, NORM=False, **bf)
     per_a, per_b = 2 * groups_a, 2 * groups_b
+    defines, shared = rows_setup(dev, wg, groups_a, ka, layers * ra, kb, layers * rb, ta * ka, max(per_a, per_b))
     src = f"""
 {HEADER}
-#include reduce
-struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
-const p = P({ka}u, {layers * ra}u, 0u, 0u, 0u, 0.0);
-const B_p = P({kb}u, {layers * rb}u, {ta * ka}u, 0u, 0u, 0.0);
-const NPART: u32 = {wg}u / 2u;
-var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
-var<workgroup> norm_part: array<f32, {wg}>;
-const BFN: u32 = 2u;
-const SGC: u32 = {sgs}u;
-var<private> ss: f32;
-var<private> x_on: f32;
+{shared}
 var<private> y_shift: u32;     // the phase's first row in its weight (its layer's): outputs start at 0
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {{ return act[xrow.base + i] * x_on; }}
 fn write_y(o: u32, row: u32, s: f32) {{ let j = o - y_shift; act[j >> 2u][j & 3u] = s; }}
@@ -219,29 +228,29 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     return src, defines
 
 
-def kernel_ticket(wg: int, ra: int, ka: int, rb: int, kb: int, sgs: int, layers: int, steps_b: int, groups_a: int,
-                  groups_b: int, prewait: bool, xatom: bool, strip: str = "") -> tuple[str, dict, int, int]:
+def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int, steps_b: int, groups_a: int,
+                  groups_b: int, options: str = "") -> tuple[str, dict, int, int]:
     """The same two gemv_rows phases as one *ticketed* dispatch of every workgroup of every phase: a
     workgroup takes a ticket (an atomic count) as it starts, and the ticket, not its id, says which
     phase and row block it runs. A phase's workgroups wait until every workgroup of the phases before
     has counted itself done. They wait only on smaller tickets, which have all started, so no
     co-residency is assumed (unlike the persistent grid), and the grid is the engine's own (a
-    workgroup a row block, as many resident as fit). With prewait, a workgroup issues its first row
-    group's weight loads before the wait (gemv_rows.wgsl PREWAIT). Each layer's activations have their
+    workgroup a row block, as many resident as fit). `options` (words joined by '+'): "prewait", a
+    workgroup issues its first row group's weight loads before the wait (gemv_rows.wgsl PREWAIT). Each layer's activations have their
     own region of `act` (X_l, Y_l, X_l+1, ...), so no SM has read a line of x before it is written;
-    with xatom x is read and written through atomics as well. With prm.wait = 0 it is a dispatch a
+    with "xatom" x is read and written through atomics as well. With prm.wait = 0 it is a dispatch a
     phase, ids for tickets: the same kernel without the waits; with prm.wait = 2 one dispatch that
     waits, ids for tickets (safe only if the GPU starts workgroups in id order).
     groups_b = 1 makes B a plain shape (no HOIST or PF: the workgroup strides over a row's chunks,
     steps_b at a time), so the kernel needs fewer registers than a HOIST B.
-    `strip` (diagnostics, a dispatch a phase only): "nowait" leaves out the wait and the count,
-    "xro" reads x from a read-only binding of its own (binding 5, a copy), "noticket" the ticket.
+    Diagnostics, for a dispatch a phase only: "nowait" leaves out the wait and the count, "xro" reads
+    x from a read-only binding of its own (binding 5, a copy).
     Returns the source, its defines, and A's and B's workgroups a layer."""
-    bf = dict(SG_BFLY=True, BFN=2, BF2=True, BF4=False, BF8=False, SGC=sgs, BF_TAIL=sgs.bit_length() - 2,
-              BF_ARGS="acc0, acc1, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0")
-    defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
-                   HOIST=True, PF=True, GLU=False, NORM=False, PREWAIT=prewait, PREWAIT_KEY="q.x", **bf)
+    opts = set(options.split("+"))
+    prewait, xatom = "prewait" in opts, "xatom" in opts
     per_a, per_b = 2 * groups_a, 2 * groups_b
+    defines, shared = rows_setup(dev, wg, groups_a, ka, layers * ra, kb, layers * rb, 0, max(per_a, per_b))
+    defines.update(PREWAIT=prewait, PREWAIT_KEY="q.x")
     na, nb = -(-ra // per_a), -(-rb // per_b)
     b_plain = groups_b == 1          # B strides over its row's chunks (no HOIST, no PF): fewer registers
     header = HEADER
@@ -254,30 +263,20 @@ def kernel_ticket(wg: int, ra: int, ka: int, rb: int, kb: int, sgs: int, layers:
         wy = "atomicStore(&act[y_off + o], bitcast<u32>(s));"
     else:
         xv = "return act[x_off + xrow.base + i] * x_on;"
-        if "xro" in strip:
+        if "xro" in opts:
             header += "\n@group(0) @binding(5) var<storage, read> xr: array<vec4<f32>>;"
             xv = "return xr[x_off + xrow.base + i] * x_on;"
         wy = "let j = y_off + o;\n    act[j >> 2u][j & 3u] = s;"
-    wait_body = "" if "nowait" in strip else f"""    let li = red_lane;
+    wait_body = "" if "nowait" in opts else f"""    let li = red_lane;
     let dep = select(0u, 1u, key == 0x9E3779B9u);
 {grid_wait("need + dep")}"""
-    count_done = "" if "nowait" in strip else """    storageBarrier();
+    count_done = "" if "nowait" in opts else """    storageBarrier();
     workgroupBarrier();
     if (li == 0u) { atomicAdd(&sync[0], 1u); }"""
     src = f"""
 {header}
-#include reduce
-struct P {{ k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, eps: f32 }}
-const p = P({ka}u, {layers * ra}u, 0u, 0u, 0u, 0.0);
-const B_p = P({kb}u, {layers * rb}u, 0u, 0u, 0u, 0.0);
-const NPART: u32 = {wg}u / 2u;
-var<workgroup> part: array<f32, {max(per_a, per_b)} * NPART>;
-var<workgroup> norm_part: array<f32, {wg}>;
+{shared}
 var<workgroup> ticket: u32;
-const BFN: u32 = 2u;
-const SGC: u32 = {sgs}u;
-var<private> ss: f32;
-var<private> x_on: f32;
 var<private> x_off: u32;           // this layer's x (vec4s) and output (floats) in act
 var<private> y_off: u32;           // (less the phase's first row in its weight: its layer's)
 var<private> need: u32;            // workgroups of the phases before this one
@@ -301,7 +300,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         @builtin(num_subgroups) nsg: u32, @builtin(subgroup_size) sgsize: u32) {{
     red_lane = li;
     var t = prm.p0 / 2u * {na + nb}u + (prm.p0 & 1u) * {na}u + wid.x;
-    if ({"false" if "noticket" in strip else "prm.wait == 1u"}) {{
+    if (prm.wait == 1u) {{
         if (li == 0u) {{ ticket = atomicAdd(&sync[4], 1u); }}
         t = workgroupUniformLoad(&ticket);
     }}
@@ -323,9 +322,9 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     return src, defines, na, nb
 
 
-def run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
+def run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
     """--ticket: each of --variants (kernel_ticket's options joined by '+': prewait, xatom, and the
-    diagnostics nowait, xro, noticket) as one ticketed dispatch, one with ids for tickets and a
+    diagnostics nowait, xro) as one ticketed dispatch, one with ids for tickets and a
     dispatch a phase, against the engine's dispatches on the same shapes; every layer's outputs
     checked against the engine's. A nowait variant runs a dispatch a phase only, A's and B's apart."""
     L, WG = a.layers, a.wg
@@ -363,8 +362,7 @@ def run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
         v[:ka] = x0
         return v
     for variant in a.variants.split(","):
-        src, defines, na, nb = kernel_ticket(WG, ra, ka, rb, kb, sgs, L, a.steps_b, a.groups_a, a.groups_b,
-                                             "prewait" in variant, "xatom" in variant, variant)
+        src, defines, na, nb = kernel_ticket(dev, WG, ra, ka, rb, kb, L, a.steps_b, a.groups_a, a.groups_b, variant)
         pipe = dev.compile(expand_wgsl(src, defines), "ticket_gemv")
         extra = [dev.upload(act0())] if "xro" in variant else []
 
@@ -427,7 +425,7 @@ def main():
                     "--steps-b, --groups-a, --groups-b")
     ap.add_argument("--square", type=int, default=0, help="A and B both N x N (an o-like 4,096: 9.4 MB phases)")
     ap.add_argument("--variants", default="ticket,ticket+prewait",
-                    help="--ticket: kernel_ticket options joined by '+' (prewait, xatom; nowait, xro, noticket)")
+                    help="--ticket: kernel_ticket options joined by '+' (prewait, xatom; nowait, xro)")
     a = ap.parse_args()
     dev = get_device()
     sgs = dev.subgroup_size
@@ -444,12 +442,12 @@ def main():
     wb = upload_weight(dev, "B", "Q4_K", (L * rb, kb), np.concatenate(raw_b))
     x0 = rng.standard_normal(ka).astype(np.float32)
     if a.ticket:
-        return run_ticket(a, dev, sgs, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0)
+        return run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0)
 
     # persistent kernel (and the same kernel a dispatch per phase); act: A's x at xa_off, B's at xb_off
     if a.gemv_rows:
         ta = -(-kb // ka)
-        src, defines = kernel_rows(WG, G, ra, ka, rb, kb, sgs, a.steps_b, ta, L, a.groups_a, a.groups_b)
+        src, defines = kernel_rows(dev, WG, G, ra, ka, rb, kb, a.steps_b, ta, L, a.groups_a, a.groups_b)
         xa_off, xb_off = ta * ka, 0
     else:
         src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows), dict(WIDE=True, INT_DOT=True, X24=True,
