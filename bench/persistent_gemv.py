@@ -1,14 +1,18 @@
-"""Real Q4_K GEMV phases in a persistent dispatch, against the engine's tuned GEMV dispatches.
+"""Real Q4_K / Q6_K GEMV phases in a persistent dispatch, against the engine's tuned GEMV dispatches.
 
 `persistent_step.py` put a persistent decode step at the 60% target's edge with modelled arithmetic.
-This takes the next step with the engine's own Q4_K decoders (quant_common + quant/q4_k, x24 integer
-dots, the k4-regrouped headers): L layers of two GEMVs, A (ROWS_A x 4,096, a gate-like matrix) then
-B (4,096 x 14,336, a down-like one, Q4_K here to keep one decoder), each layer's weights distinct.
-- persistent: one dispatch for all 2L phases, G workgroups of WG lanes, a grid barrier between the
-  phases (each phase's first chunk loaded before the wait, the wait made to depend on it). A lane
-  keeps one chunk of x for the whole phase (converted to x24 digits once) and walks the rows its
-  slot is given, a row per trip, the next trip's chunk loaded before this trip's dot; subgroup sums go
-  to workgroup memory and each row is summed at the phase's end.
+This takes the next step with the engine's own decoders (quant_common + quant/q4_k or q6_k, x24
+integer dots, the k4-regrouped headers): L layers of two GEMVs, A (ROWS_A x 4,096 Q4_K, a gate-like
+matrix) then B (4,096 x 14,336, a down-like one: Q4_K, or with --type-b Q6_K as in Q4_K_M files),
+each layer's weights distinct.
+- persistent (the lean kernel): one dispatch for all 2L phases, G workgroups of WG lanes, a grid
+  barrier between the phases (each phase's first chunk loaded before the wait, the wait made to
+  depend on it). A lane keeps one chunk of x for the whole phase (converted to x24 digits once), so
+  a workgroup is WG / (a row's chunks) slots; a slot walks the rows it is given, --rows a trip, the
+  next trip's chunks loaded before this trip's dots; the trip's sums (a subgroupAdd a row, or with
+  --bfly one butterfly for all its rows) go to workgroup memory and each row is summed at the phase's
+  end. --type-b Q6_Kh splits each Q6_K chunk in two (Q6_HALF: half the x digits a lane), so wide
+  workgroups fit in the registers; --loads-only drops the dots (a bound).
 - the same kernel as a dispatch per phase (no barrier): what the barrier saves, on this GEMV code.
 - the engine: ops.gemv dispatches with tuned-like shapes (A 128x2/8, B 224x2x2/8, x24, butterfly,
   prefetch), chained the same way.
@@ -23,6 +27,7 @@ Every variant is timed 20 repeats a submit, as the engine's dispatches are (roun
 persistent rows one repeat a submit, which added 8-20 us a phase: bench/NOTES.md round 18).
 
     python bench/persistent_gemv.py [--layers 8] [--groups 132] [--wg 512] [--rows 1] [--small]
+    python bench/persistent_gemv.py --wg 896 --rows 4 --bfly [--type-b Q6_K|Q6_Kh --tuned-b 224,2,1,8,1,1,1]
     python bench/persistent_gemv.py --gemv-rows --groups 264 --wg 128 --steps-b 4 --groups-a 28 --groups-b 8
     python bench/persistent_gemv.py --ticket --wg 128 --groups-a 28 --steps-b 4 --groups-b 8 [--variants ...]
     python bench/persistent_gemv.py --small --ticket --wg 32 --steps-b 1 --groups-a 4 --groups-b 2   (lavapipe)
@@ -46,7 +51,41 @@ from shaderlm.gpu.weights import upload_weight       # noqa: E402
 from shaderlm.kernels import expand_wgsl             # noqa: E402
 from shaderlm.kernels import ops                     # noqa: E402
 
-QK, CPB, BLOCK = 256, 8, 144          # Q4_K: elements, GEMV chunks and bytes a block
+QK = 256                              # elements a block (Q4_K, Q6_K)
+# the lean kernel's weight types: GEMV chunks a block, bytes a block, where the f16 scale(s) sit, and a
+# loaded chunk's words that the grid wait is made to depend on
+TYPES = {"Q4_K": dict(cpb=8, block=144, d=slice(0, 4), key="cw.h.x ^ cw.q.y ^ cw.q.w", gguf="Q4_K"),
+         "Q6_K": dict(cpb=4, block=210, d=slice(208, 210), key="cw.la.x ^ cw.lb.y ^ cw.qh.w", gguf="Q6_K"),
+         # Q6_K in half chunks (Q6_HALF below): 32 elements a lane, so half the x digits in registers
+         "Q6_Kh": dict(cpb=8, block=210, d=slice(208, 210), key="cw.l.x ^ cw.qh.y", gguf="Q6_K", fn="H_")}
+
+# Q6_K's chunk c (quant/q6_k.wgsl: runs 0..3 of 16 elements, 0 and 2 from ql word la, 1 and 3 from lb)
+# split in two: half s of chunk c takes runs s and s + 2, from la (s = 0) or lb (s = 1), with qh's bits
+# 2s and 4 + 2s. A lane then holds two x runs (28 words of x24 digits) instead of four (56). The same
+# loads from DRAM; qh and the scales are loaded by both halves (the second from L1).
+Q6_HALF = """
+fn H_x_chunk(r: XRow, b: u32, hc: u32) -> array<vec4<f32>, 8> {
+    let c = hc >> 1u;
+    let o = b * 64u + (c >> 1u) * 32u + (c & 1u) * 4u + (hc & 1u) * 8u;
+    return x_runs2(r, o, o + 16u);
+}
+fn H_x_quant(xr: array<vec4<f32>, 8>) -> B_XQ2 { return B_xq2(xr); }
+struct HW { l: vec4<u32>, qh: vec4<u32>, sc: vec4<u32>, d: f32 }
+fn H_chunk_load(blk: u32, hc: u32) -> HW {
+    let c = hc >> 1u;
+    let o = blk * 13u + (c >> 1u) * 4u + (c & 1u);
+    return HW(B_w[o + (hc & 1u) * 2u], B_w[blk * 13u + 8u + (c >> 1u) * 2u + (c & 1u)], B_w[blk * 13u + 12u],
+              B_split_d(blk));
+}
+fn H_chunk_dot(cw: HW, hc: u32, xq: B_XQ2) -> f32 {
+    let c = hc >> 1u;
+    let s = hc & 1u;
+    let tl = B_rdot(B_nib_hi(cw.l, 0u, cw.qh, 2u * s, B_K6H), xq.lo) - 32.0 * xq.lo.s;
+    let th = B_rdot(B_nib_hi(cw.l, 4u, cw.qh, 4u + 2u * s, B_K6H), xq.hi) - 32.0 * xq.hi.s;
+    let s01 = select(cw.sc.x, cw.sc.z, (c >> 1u) == 1u);
+    let s23 = select(cw.sc.y, cw.sc.w, (c >> 1u) == 1u);
+    return cw.d * (B_i8_at(s01, (c & 1u) + 2u * s) * tl + B_i8_at(s23, (c & 1u) + 2u * s) * th);
+}"""
 
 
 # Both kernels: two Q4_K decoders (the second prefixed B_, on its own binding), the activations `act`
@@ -65,50 +104,96 @@ struct XRow { base: u32 }
 fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
     return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
+}
+fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
+    return array<vec4<f32>, 16>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u),
+                                xv(r, c), xv(r, c + 1u), xv(r, c + 2u), xv(r, c + 3u),
+                                xv(r, d), xv(r, d + 1u), xv(r, d + 2u), xv(r, d + 3u));
 }"""
 
 
-def random_q4k(rng, rows: int, k: int) -> np.ndarray:
-    """GGUF Q4_K bytes with small finite scales (d, dmin = 2^-10 .. 2^-9), random quants."""
-    raw = rng.integers(0, 256, (rows, k // QK, BLOCK), dtype=np.uint8)
-    d = (rng.random((rows, k // QK, 2)) + 1.0) * 2.0 ** -10
-    raw[:, :, 0:4] = d.astype(np.float16).view(np.uint8).reshape(rows, k // QK, 4)
+def random_quant(rng, qtype: str, rows: int, k: int) -> np.ndarray:
+    """GGUF bytes of a Q4_K or Q6_K matrix: random quants (and Q6_K's int8 scales), each f16 scale
+    small and finite (2^-10 .. 2^-9)."""
+    t = TYPES[qtype]
+    raw = rng.integers(0, 256, (rows, k // QK, t["block"]), dtype=np.uint8)
+    nd = (t["d"].stop - t["d"].start) // 2
+    d = (rng.random((rows, k // QK, nd)) + 1.0) * 2.0 ** -10
+    raw[:, :, t["d"]] = d.astype(np.float16).view(np.uint8).reshape(rows, k // QK, 2 * nd)
     return raw.reshape(-1)
 
 
-def kernel(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, nrows: int = 1) -> str:
-    """nrows: rows a lane-slot takes a trip (their chunks loaded together, a trip ahead)."""
+def butterfly(vals: list[str], sgs: int) -> str:
+    """WGSL reducing len(vals) (a power of two, R) per-lane values over the subgroup at once, as
+    gemv_rows.wgsl's bfly_rows does: each step pairs two values with one shuffle, halving them, then
+    xor-shuffles finish (R - 1 + log2(sgs / R) shuffles, against 5 R for a subgroupAdd each). Lane l
+    ends with the sum of value l / (sgs / R) in `z`."""
+    out, m, n = [], sgs // 2, 0
+    while len(vals) > 1:
+        half = len(vals) // 2
+        new = []
+        for i in range(half):
+            out.append(f"        let f{n}_{i} = bf_pair({vals[i]}, {vals[i + half]}, {m}u, lane);")
+            new.append(f"f{n}_{i}")
+        vals, m, n = new, m // 2, n + 1
+    out.append(f"        var z = {vals[0]};")
+    while m >= 1:
+        out.append(f"        z += subgroupShuffleXor(z, {m}u);")
+        m //= 2
+    return "\n".join(out)
+
+
+def kernel(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, nrows: int = 1,
+           bfly: bool = False, type_b: str = "Q4_K", dbase_b: int = 0, loads_only: bool = False) -> str:
+    """nrows: rows a lane-slot takes a trip (their chunks loaded together, a trip ahead). bfly: the
+    trip's rows reduced by one butterfly (`butterfly`) instead of a subgroupAdd each. loads_only (a
+    bound, wrong results): each dot replaced by a bit of its loaded words plus x's scale, so the loads
+    and x's conversion stay and the dot arithmetic goes."""
     R = nrows
+    assert not bfly or (R & (R - 1) == 0 and R <= sgs), R
     phases = []
-    for P, rows, k, xin, xout in (("", ra, ka, 0, ka), ("B_", rb, kb, ka, 0)):
-        chunks = k // QK * CPB
+    for P, qt, rows, k, xin, xout in (("", "Q4_K", ra, ka, 0, ka), ("B_", type_b, rb, kb, ka, 0)):
+        cpb = TYPES[qt]["cpb"]
+        chunks = k // QK * cpb
         assert chunks <= wg and chunks % sgs == 0, (chunks, wg, sgs)
         slots = wg // chunks
         trips = -(-rows // (groups * slots * R))
-        phases.append(dict(P=P, rows=rows, blocks=k // QK, chunks=chunks, slots=slots, trips=trips,
-                           parts=chunks // sgs, xin=xin // 4, xout=xout))
+        phases.append(dict(P=P, qt=qt, F=TYPES[qt].get("fn", P), cpb=cpb, key=TYPES[qt]["key"], rows=rows,
+                           blocks=k // QK, chunks=chunks, slots=slots, trips=trips, parts=chunks // sgs,
+                           xin=xin // 4, xout=xout))
     part_n = max(ph["trips"] * ph["slots"] * R * ph["parts"] for ph in phases)
     body = []
     for i, ph in enumerate(phases):
         P, nxt = ph["P"], phases[1 - i]
         S, C, last = ph["slots"], ph["chunks"], ph["rows"] - 1
         row = lambda t, r: f"min(((({t}) * {groups}u + g) * {S}u + slot) * {R}u + {r}u, {last}u)"   # noqa: E731
-        load = "\n".join(f"    var cur{r} = {P}chunk_load((base + {row('0u', r)}) * {ph['blocks']}u + b, cc);"
+        F = ph["F"]
+        xd = "xs.r0.d" if ph["qt"] == "Q6_K" else "xs.lo.d"
+        dot = (lambda r: f"(f32(({ph['key'].replace('cw.', f'cw{r}.')}) & 1u) + {xd})") if loads_only else \
+            (lambda r: f"{F}chunk_dot(cw{r}, cc, xs)")
+        load = "\n".join(f"    var cur{r} = {F}chunk_load((base + {row('0u', r)}) * {ph['blocks']}u + b, cc);"
                          for r in range(R))
         step = "\n".join(f"""        let cw{r} = cur{r};
-        cur{r} = {P}chunk_load((base + {row('t + 1u', r)}) * {ph['blocks']}u + b, cc);""" for r in range(R))
-        dots = "\n".join(f"""        let s{r} = subgroupAdd({P}chunk_dot(cw{r}, cc, xs));
+        cur{r} = {F}chunk_load((base + {row('t + 1u', r)}) * {ph['blocks']}u + b, cc);""" for r in range(R))
+        if bfly and R > 1:
+            per = sgs // R
+            dots = "\n".join(f"        let s{r} = {dot(r)};" for r in range(R))
+            dots += "\n" + butterfly([f"s{r}" for r in range(R)], sgs) + f"""
+        if (on && lane % {per}u == 0u) {{ part[((t * {S}u + slot) * {R}u + lane / {per}u) * {ph["parts"]}u + c / {sgs}u] = z; }}"""
+        else:
+            dots = "\n".join(f"""        let s{r} = subgroupAdd({dot(r)});
         if (lane == 0u && on) {{ part[((t * {S}u + slot) * {R}u + {r}u) * {ph["parts"]}u + c / {sgs}u] = s{r}; }}"""
-                          for r in range(R))
+                              for r in range(R))
         body.append(f"""
 fn {P}phase(layer: u32, g: u32, li: u32, lane: u32) {{
     let slot = li / {C}u;
     let c = min(li % {C}u, {C - 1}u);
     let on = slot < {S}u;
-    let b = c / {CPB}u;
-    let cc = c % {CPB}u;
+    let b = c / {ph["cpb"]}u;
+    let cc = c % {ph["cpb"]}u;
     let base = layer * {ph["rows"]}u;
-    let xs = {P}x_quant({P}x_chunk(XRow({ph["xin"]}u), b, cc));
+    let xs = {F}x_quant({F}x_chunk(XRow({ph["xin"]}u), b, cc));
 {load}
     for (var t = 0u; t < {ph["trips"]}u; t++) {{
 {step}
@@ -127,16 +212,21 @@ fn {P}phase(layer: u32, g: u32, li: u32, lane: u32) {{
 fn {P}first_of_next(layer: u32, g: u32, li: u32) -> u32 {{
     let slot = li / {nxt["chunks"]}u;
     let c = min(li % {nxt["chunks"]}u, {nxt["chunks"] - 1}u);
-    let cw = {nxt["P"]}chunk_load((layer * {nxt["rows"]}u + min((g * {nxt["slots"]}u + slot) * {R}u, {nxt["rows"] - 1}u))
-                            * {nxt["blocks"]}u + c / {CPB}u, c % {CPB}u);
-    return cw.h.x ^ cw.q.y ^ cw.q.w;
+    let cw = {nxt["F"]}chunk_load((layer * {nxt["rows"]}u + min((g * {nxt["slots"]}u + slot) * {R}u, {nxt["rows"] - 1}u))
+                            * {nxt["blocks"]}u + c / {nxt["cpb"]}u, c % {nxt["cpb"]}u);
+    return {nxt["key"]};
 }}""")
     return f"""
-{HEADER}
+{HEADER.replace("#include quant/q4_k as B_", "#include quant/" + TYPES[type_b]["gguf"].lower() + " as B_")}
+{Q6_HALF if type_b == "Q6_Kh" else ""}
 struct P {{ dbase: u32 }}
 const p = P(0u);
-const B_p = P(0u);
+const B_p = P({dbase_b}u);
 fn xv(r: XRow, i: u32) -> vec4<f32> {{ return act[r.base + i]; }}
+fn bf_pair(a: f32, b: f32, m: u32, lane: u32) -> f32 {{
+    let hi = (lane & m) != 0u;
+    return select(a, b, hi) + subgroupShuffleXor(select(b, a, hi), m);
+}}
 var<workgroup> part: array<f32, {part_n}>;
 {"".join(body)}
 
@@ -417,6 +507,12 @@ def main():
     ap.add_argument("--wg", type=int, default=512)
     ap.add_argument("--small", action="store_true", help="small shapes (lavapipe)")
     ap.add_argument("--rows", type=int, default=1, help="rows a lane-slot takes a trip")
+    ap.add_argument("--bfly", action="store_true", help="a trip's rows reduced by one butterfly")
+    ap.add_argument("--loads-only", action="store_true", help="the lean kernel's dots replaced by a bit of "
+                    "their words (a bound; wrong results)")
+    ap.add_argument("--type-b", default="Q4_K", choices=sorted(TYPES), help="B's weight type (the lean kernel)")
+    ap.add_argument("--tuned-a", default="128,2,1,8,1,1,1", help="the engine's A shape to compare with")
+    ap.add_argument("--tuned-b", default="224,2,2,8,1,1,1", help="the engine's B shape to compare with")
     ap.add_argument("--gemv-rows", action="store_true", help="the phases through gemv_rows.wgsl (the engine's code)")
     ap.add_argument("--steps-b", type=int, default=2, help="--gemv-rows: B's chunk steps a lane")
     ap.add_argument("--groups-a", type=int, default=8, help="--gemv-rows: A's row groups a workgroup pass")
@@ -434,12 +530,14 @@ def main():
         ra = ka = rb = kb = a.square
     L, G, WG = a.layers, a.groups, a.wg
     print(f"device: {dev.name}, subgroups {sgs}; A {ra}x{ka}, B {rb}x{kb} Q4_K, {L} layers, {G} x {WG}, "
-          f"{a.rows} rows a trip")
+          f"{a.rows} rows a trip{', butterfly' if a.bfly else ''}")
     rng = np.random.default_rng(0)
-    raw_a = [random_q4k(rng, ra, ka) for _ in range(L)]
-    raw_b = [random_q4k(rng, rb, kb) for _ in range(L)]
+    raw_a = [random_quant(rng, "Q4_K", ra, ka) for _ in range(L)]
+    tb = a.type_b
+    assert tb == "Q4_K" or not (a.ticket or a.gemv_rows), "--type-b: the lean kernel only"
+    raw_b = [random_quant(rng, tb, rb, kb) for _ in range(L)]
     wa = upload_weight(dev, "A", "Q4_K", (L * ra, ka), np.concatenate(raw_a))
-    wb = upload_weight(dev, "B", "Q4_K", (L * rb, kb), np.concatenate(raw_b))
+    wb = upload_weight(dev, "B", TYPES[tb]["gguf"], (L * rb, kb), np.concatenate(raw_b))
     x0 = rng.standard_normal(ka).astype(np.float32)
     if a.ticket:
         return run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0)
@@ -450,7 +548,7 @@ def main():
         src, defines = kernel_rows(dev, WG, G, ra, ka, rb, kb, a.steps_b, ta, L, a.groups_a, a.groups_b)
         xa_off, xb_off = ta * ka, 0
     else:
-        src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows), dict(WIDE=True, INT_DOT=True, X24=True,
+        src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows, a.bfly, tb, wb.chunks[0].dbase, a.loads_only), dict(WIDE=True, INT_DOT=True, X24=True,
                                                                          SUBGROUPS=True)
         xa_off, xb_off = 0, ka
     pipe = dev.compile(expand_wgsl(src, defines), "persistent_gemv")
@@ -478,11 +576,11 @@ def main():
     xa, xb = dev.upload(x0), dev.buffer(kb * 4)
     ya = dev.buffer(rb * 4)
     eng, tuned = [], []                # the engine on the persistent kernel's shapes, and on tuned-like ones
-    tuned_a = None if a.small else (128, 2, 1, 8, 1, 1, 1)
-    tuned_b = None if a.small else (224, 2, 2, 8, 1, 1, 1)
+    tuned_a = None if a.small else tuple(int(v) for v in a.tuned_a.split(","))
+    tuned_b = None if a.small else tuple(int(v) for v in a.tuned_b.split(","))
     for layer in range(L):
         la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
-        lb = upload_weight(dev, f"B{layer}", "Q4_K", (rb, kb), raw_b[layer])
+        lb = upload_weight(dev, f"B{layer}", TYPES[tb]["gguf"], (rb, kb), raw_b[layer])
         if a.gemv_rows:
             eng += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=(WG, 2, 1, a.groups_a, 1, 1, 1))
             eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
@@ -496,23 +594,30 @@ def main():
     err_a = np.abs(got[xa_off:xa_off + rb] - ref_a).max() / np.abs(ref_a).max()
     print(f"one layer, persistent vs engine: max rel err A {err_b:.2e}, B {err_a:.2e}, timeouts {tout}")
 
-    rows = []
+    mb_a, mb_b = wa.nbytes / L / 1e6, wb.nbytes / L / 1e6
+    rows = []                       # (round, variant, run, us a phase, MB a phase, timeouts)
     for rnd in range(2):
-        for name, st in (("persistent", steps(False, 2 * L)), ("a dispatch a phase", steps(True, 2 * L))):
-            # x restored before each run: the random layers would otherwise grow it without bound
-            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), 2 * L, 5, 0.3,
-                                    before=lambda: dev.write(act, act0()))
-            rows.append((rnd, name, dt * 1e6, t))
+        per_phase = steps(True, 2 * L)
+        for name, run, st, mb in (("persistent", "A+B", steps(False, 2 * L), (mb_a + mb_b) / 2),
+                                  ("a dispatch a phase", "A+B", per_phase, (mb_a + mb_b) / 2),
+                                  ("a dispatch a phase", "A", per_phase[0::2], mb_a),
+                                  ("a dispatch a phase", "B", per_phase[1::2], mb_b)):
+            # x restored before each run: the random layers would otherwise grow it without bound (the
+            # A-only and B-only runs read stale x: timing only)
+            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), len(st) if len(st) > 1 else 2 * L,
+                                    5, 0.3, before=lambda: dev.write(act, act0()))
+            rows.append((rnd, name, run, dt * 1e6, mb, t))
         engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
         for name, ds in engines + [("engine GEMVs, tuned-like shapes", tuned)]:
-            rows.append((rnd, name, timed(dev, Plan(dev, ds), 20, xb) / (2 * L) * 1e6, 0))
-    mb = (wa.nbytes + wb.nbytes) / L / 2 / 1e6
-    print(f"\n{mb:.1f} MB a phase on average (A {wa.nbytes / L / 1e6:.1f}, B {wb.nbytes / L / 1e6:.1f})")
-    print("| round | variant | us a phase (A+B)/2 | GB/s | timeouts |")
+            for run, part, mb in (("A+B", ds, (mb_a + mb_b) / 2), ("A", ds[0::2], mb_a), ("B", ds[1::2], mb_b)):
+                rows.append((rnd, name, run, timed(dev, Plan(dev, part), 20, xb) / len(part) * 1e6, mb, 0))
+    print(f"\nA {mb_a:.1f} MB, B {mb_b:.1f} MB ({tb}) a phase; engine shapes A {tuned_a}, B {tuned_b}")
+    print("| variant | run | us a phase (2 rounds) | GB/s | timeouts |")
     print("|---|---|---|---|---|")
-    for rnd, name, us, t in rows:
-        print(f"| {rnd + 1} | {name} | {us:.2f} | {mb * 1e3 / us:.0f} | {t} |")
-
+    for v, run in dict.fromkeys((r[1], r[2]) for r in rows):
+        got = [r for r in rows if (r[1], r[2]) == (v, run)]
+        print(f"| {v} | {run} | {' / '.join(f'{r[3]:.2f}' for r in got)} | "
+              f"{got[0][4] * 1e3 / min(r[3] for r in got):.0f} | {sum(r[5] for r in got)} |")
 
 if __name__ == "__main__":
     main()
