@@ -50,14 +50,17 @@ from shaderlm.gpu.plan import Plan                   # noqa: E402
 from shaderlm.gpu.weights import upload_weight       # noqa: E402
 from shaderlm.kernels import expand_wgsl             # noqa: E402
 from shaderlm.kernels import ops                     # noqa: E402
+from shaderlm.formats.quants import QUANT_TYPES      # noqa: E402
+from shaderlm.synth import _random_quant_rows        # noqa: E402
 
 QK = 256                              # elements a block (Q4_K, Q6_K)
-# the lean kernel's weight types: GEMV chunks a block, bytes a block, where the f16 scale(s) sit, and a
-# loaded chunk's words that the grid wait is made to depend on
-TYPES = {"Q4_K": dict(cpb=8, block=144, d=slice(0, 4), key="cw.h.x ^ cw.q.y ^ cw.q.w", gguf="Q4_K"),
-         "Q6_K": dict(cpb=4, block=210, d=slice(208, 210), key="cw.la.x ^ cw.lb.y ^ cw.qh.w", gguf="Q6_K"),
+# the lean kernel's weight types: the GGUF type, chunks a GEMV chunk is split into (so a block has
+# QuantType.wide's chunks times that), the decoder functions' prefix (the B_ decoder's by default), a
+# loaded chunk's words that the grid wait is made to depend on, and x's scale (for --loads-only)
+TYPES = {"Q4_K": dict(gguf="Q4_K", halves=1, key="cw.h.x ^ cw.q.y ^ cw.q.w", xd="xs.lo.d"),
+         "Q6_K": dict(gguf="Q6_K", halves=1, key="cw.la.x ^ cw.lb.y ^ cw.qh.w", xd="xs.r0.d"),
          # Q6_K in half chunks (Q6_HALF below): 32 elements a lane, so half the x digits in registers
-         "Q6_Kh": dict(cpb=8, block=210, d=slice(208, 210), key="cw.l.x ^ cw.qh.y", gguf="Q6_K", fn="H_")}
+         "Q6_Kh": dict(gguf="Q6_K", halves=2, key="cw.l.x ^ cw.qh.y", xd="xs.lo.d", fn="H_")}
 
 # Q6_K's chunk c (quant/q6_k.wgsl: runs 0..3 of 16 elements, 0 and 2 from ql word la, 1 and 3 from lb)
 # split in two: half s of chunk c takes runs s and s + 2, from la (s = 0) or lb (s = 1), with qh's bits
@@ -88,13 +91,8 @@ fn H_chunk_dot(cw: HW, hc: u32, xq: B_XQ2) -> f32 {
 }"""
 
 
-# Both kernels: two Q4_K decoders (the second prefixed B_, on its own binding), the activations `act`
-# (each phase's x and output at their offsets), the grid barrier's counters and the phase range.
-HEADER = """#include quant_common
-#include quant/q4_k
-#include quant_common as B_
-#include quant/q4_k as B_
-struct Prm { p0: u32, nph: u32, wait: u32, limit: u32 }
+# every kernel's declarations after its decoders (see header)
+DECLS = """struct Prm { p0: u32, nph: u32, wait: u32, limit: u32 }
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read> B_w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
@@ -113,15 +111,42 @@ fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
 }"""
 
 
-def random_quant(rng, qtype: str, rows: int, k: int) -> np.ndarray:
-    """GGUF bytes of a Q4_K or Q6_K matrix: random quants (and Q6_K's int8 scales), each f16 scale
-    small and finite (2^-10 .. 2^-9)."""
-    t = TYPES[qtype]
-    raw = rng.integers(0, 256, (rows, k // QK, t["block"]), dtype=np.uint8)
-    nd = (t["d"].stop - t["d"].start) // 2
-    d = (rng.random((rows, k // QK, nd)) + 1.0) * 2.0 ** -10
-    raw[:, :, t["d"]] = d.astype(np.float16).view(np.uint8).reshape(rows, k // QK, 2 * nd)
-    return raw.reshape(-1)
+def header(type_b: str = "Q4_K") -> str:
+    """What every kernel here starts with: A's Q4_K decoder and B's (type_b's, prefixed B_, on its own
+    binding), the activations `act` (each phase's x and output at their offsets), the grid barrier's
+    counters and the phase range."""
+    return f"""#include quant_common
+#include quant/q4_k
+#include quant_common as B_
+#include {QUANT_TYPES[type_b].kernel} as B_
+""" + DECLS
+
+
+def random_matrix(rng, qtype: str, rows: int, k: int) -> np.ndarray:
+    """GGUF bytes of a rows x k matrix of random valid blocks (synth's, weights of std 0.02)."""
+    return _random_quant_rows(qtype, rows, k, 0.02, rng.bit_generator, rng).reshape(-1)
+
+
+def ab_runs(steps: list, mb_a: float, mb_b: float) -> tuple:
+    """A chain of alternating A and B phases as three timed runs: (run, steps, MB a phase)."""
+    return (("A+B", steps, (mb_a + mb_b) / 2), ("A", steps[0::2], mb_a), ("B", steps[1::2], mb_b))
+
+
+def print_rows(rows: list, errs: bool = False):
+    """The timing table: rows of (round, variant, run, us a phase, MB a phase, timeouts, max rel err),
+    one line a (variant, run) with both rounds."""
+    print("| variant | run | us a phase (2 rounds) | GB/s | timeouts |" + " max rel err |" * errs)
+    print("|---|---|---|---|---|" + "---|" * errs)
+    for v, run in dict.fromkeys((r[1], r[2]) for r in rows):
+        got = [r for r in rows if (r[1], r[2]) == (v, run)]
+        print(f"| {v} | {run} | {' / '.join(f'{r[3]:.2f}' for r in got)} | "
+              f"{got[0][4] * 1e3 / min(r[3] for r in got):.0f} | {sum(r[5] for r in got)} |"
+              + f" {got[0][6]:.1e} |" * errs)
+
+
+def shape_arg(text: str) -> tuple:
+    """--tuned-a / --tuned-b: an ops.gemv shape, its numbers joined by commas."""
+    return tuple(int(v) for v in text.split(","))
 
 
 def butterfly(vals: list[str], sgs: int) -> str:
@@ -154,7 +179,7 @@ def kernel(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, n
     assert not bfly or (R & (R - 1) == 0 and R <= sgs), R
     phases = []
     for P, qt, rows, k, xin, xout in (("", "Q4_K", ra, ka, 0, ka), ("B_", type_b, rb, kb, ka, 0)):
-        cpb = TYPES[qt]["cpb"]
+        cpb = QUANT_TYPES[TYPES[qt]["gguf"]].wide[1] * TYPES[qt]["halves"]
         chunks = k // QK * cpb
         assert chunks <= wg and chunks % sgs == 0, (chunks, wg, sgs)
         slots = wg // chunks
@@ -169,7 +194,7 @@ def kernel(wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, sgs: int, n
         S, C, last = ph["slots"], ph["chunks"], ph["rows"] - 1
         row = lambda t, r: f"min(((({t}) * {groups}u + g) * {S}u + slot) * {R}u + {r}u, {last}u)"   # noqa: E731
         F = ph["F"]
-        xd = "xs.r0.d" if ph["qt"] == "Q6_K" else "xs.lo.d"
+        xd = TYPES[ph["qt"]]["xd"]
         dot = (lambda r: f"(f32(({ph['key'].replace('cw.', f'cw{r}.')}) & 1u) + {xd})") if loads_only else \
             (lambda r: f"{F}chunk_dot(cw{r}, cc, xs)")
         load = "\n".join(f"    var cur{r} = {F}chunk_load((base + {row('0u', r)}) * {ph['blocks']}u + b, cc);"
@@ -217,7 +242,7 @@ fn {P}first_of_next(layer: u32, g: u32, li: u32) -> u32 {{
     return {nxt["key"]};
 }}""")
     return f"""
-{HEADER.replace("#include quant/q4_k as B_", "#include quant/" + TYPES[type_b]["gguf"].lower() + " as B_")}
+{header(TYPES[type_b]["gguf"])}
 {Q6_HALF if type_b == "Q6_Kh" else ""}
 struct P {{ dbase: u32 }}
 const p = P(0u);
@@ -256,7 +281,7 @@ def rows_setup(dev, wg: int, groups_a: int, ka: int, rows_a: int, kb: int, rows_
                part_rows: int) -> tuple[dict, str]:
     """What both gemv_rows kernels share: A's shape as gemv.wgsl defines (2 rows, one chunk step,
     groups_a row groups, HOIST, PF, x24 and the engine's butterfly; B's include overrides its own),
-    and the WGSL after HEADER: both phases' constant params (rows_a / rows_b over every layer, B's
+    and the WGSL after header(): both phases' constant params (rows_a / rows_b over every layer, B's
     outputs from row0_b), the row groups' workgroup memory and the private values gemv_rows reads."""
     defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True, WG=wg, ROWS=2, STEPS=1, GROUPS=groups_a,
                    HOIST=True, PF=True, GLU=False, NORM=False, **ops._bfly_defines(dev, 2, False, 1))
@@ -283,7 +308,7 @@ def kernel_rows(dev, wg: int, groups: int, ra: int, ka: int, rb: int, kb: int, s
     per_a, per_b = 2 * groups_a, 2 * groups_b
     defines, shared = rows_setup(dev, wg, groups_a, ka, layers * ra, kb, layers * rb, ta * ka, max(per_a, per_b))
     src = f"""
-{HEADER}
+{header()}
 {shared}
 var<private> y_shift: u32;     // the phase's first row in its weight (its layer's): outputs start at 0
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {{ return act[xrow.base + i] * x_on; }}
@@ -343,9 +368,9 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
     defines.update(PREWAIT=prewait, PREWAIT_KEY="q.x")
     na, nb = -(-ra // per_a), -(-rb // per_b)
     b_plain = groups_b == 1          # B strides over its row's chunks (no HOIST, no PF): fewer registers
-    header = HEADER
+    head = header()
     if xatom:
-        header = header.replace("var<storage, read_write> act: array<vec4<f32>>",
+        head = head.replace("var<storage, read_write> act: array<vec4<f32>>",
                                 "var<storage, read_write> act: array<atomic<u32>>")
         xv = ("let j = (x_off + xrow.base + i) * 4u;\n    return vec4<f32>(bitcast<f32>(atomicLoad(&act[j])), "
               "bitcast<f32>(atomicLoad(&act[j + 1u])),\n        bitcast<f32>(atomicLoad(&act[j + 2u])), "
@@ -354,7 +379,7 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
     else:
         xv = "return act[x_off + xrow.base + i] * x_on;"
         if "xro" in opts:
-            header += "\n@group(0) @binding(5) var<storage, read> xr: array<vec4<f32>>;"
+            head += "\n@group(0) @binding(5) var<storage, read> xr: array<vec4<f32>>;"
             xv = "return xr[x_off + xrow.base + i] * x_on;"
         wy = "let j = y_off + o;\n    act[j >> 2u][j & 3u] = s;"
     wait_body = "" if "nowait" in opts else f"""    let li = red_lane;
@@ -364,7 +389,7 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
     workgroupBarrier();
     if (li == 0u) { atomicAdd(&sync[0], 1u); }"""
     src = f"""
-{header}
+{head}
 {shared}
 var<workgroup> ticket: u32;
 var<private> x_off: u32;           // this layer's x (vec4s) and output (floats) in act
@@ -429,17 +454,17 @@ def run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
         eng += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb,
                         shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, int(a.groups_b > 1)))
         if not a.small:
-            tuned += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=(128, 2, 1, 8, 1, 1, 1))
-            tuned += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=(224, 2, 2, 8, 1, 1, 1))
+            tuned += ops.gemv(dev, la, xs[layer], ys[layer], y_stride=ra, shape=shape_arg(a.tuned_a))
+            tuned += ops.gemv(dev, lb, ys[layer], xs[layer + 1], y_stride=rb, shape=shape_arg(a.tuned_b))
     Plan(dev, eng).run(1)
     ref = [dev.read(b, np.float32) for pair in zip(ys, xs[1:]) for b in pair]
     mb_a, mb_b = wa.nbytes / L / 1e6, wb.nbytes / L / 1e6
     rows = []                    # (round, variant, run, us a phase, MB a phase, timeouts, max rel err)
 
     def engine_rows(rnd):
-        for name, ds in (("engine, these shapes", eng), ("engine, 128x2/8 and 224x2x2/8", tuned)):
+        for name, ds in (("engine, these shapes", eng), (f"engine, {a.tuned_a} and {a.tuned_b}", tuned)):
             if ds:
-                for run, part, mb in (("A+B", ds, (mb_a + mb_b) / 2), ("A", ds[0::2], mb_a), ("B", ds[1::2], mb_b)):
+                for run, part, mb in ab_runs(ds, mb_a, mb_b):
                     rows.append((rnd, name, run, timed(dev, Plan(dev, part), 20, xs[0]) / len(part) * 1e6, mb, 0, 0.0))
 
     act_n = L * (ka + kb) + ka
@@ -490,14 +515,7 @@ def run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
         engine_rows(rnd)
     print(f"\nA {WG}x2/{a.groups_a} ({na} workgroups, {mb_a:.1f} MB), B {WG}x2x{a.steps_b}/{a.groups_b} "
           f"({nb} workgroups, {mb_b:.1f} MB)")
-    print("| variant | run | us a phase (2 rounds) | GB/s | timeouts | max rel err |")
-    print("|---|---|---|---|---|---|")
-    keys = list(dict.fromkeys((r[1], r[2]) for r in rows))
-    for v, run in keys:
-        got = [r for r in rows if (r[1], r[2]) == (v, run)]
-        us = " / ".join(f"{r[3]:.2f}" for r in got)
-        print(f"| {v} | {run} | {us} | {got[0][4] * 1e3 / min(r[3] for r in got):.0f} | "
-              f"{sum(r[5] for r in got)} | {got[0][6]:.1e} |")
+    print_rows(rows, errs=True)
 
 
 def main():
@@ -532,12 +550,13 @@ def main():
     print(f"device: {dev.name}, subgroups {sgs}; A {ra}x{ka}, B {rb}x{kb} Q4_K, {L} layers, {G} x {WG}, "
           f"{a.rows} rows a trip{', butterfly' if a.bfly else ''}")
     rng = np.random.default_rng(0)
-    raw_a = [random_quant(rng, "Q4_K", ra, ka) for _ in range(L)]
+    raw_a = [random_matrix(rng, "Q4_K", ra, ka) for _ in range(L)]
     tb = a.type_b
     assert tb == "Q4_K" or not (a.ticket or a.gemv_rows), "--type-b: the lean kernel only"
-    raw_b = [random_quant(rng, tb, rb, kb) for _ in range(L)]
+    qb = TYPES[tb]["gguf"]
+    raw_b = [random_matrix(rng, qb, rb, kb) for _ in range(L)]
     wa = upload_weight(dev, "A", "Q4_K", (L * ra, ka), np.concatenate(raw_a))
-    wb = upload_weight(dev, "B", TYPES[tb]["gguf"], (L * rb, kb), np.concatenate(raw_b))
+    wb = upload_weight(dev, "B", qb, (L * rb, kb), np.concatenate(raw_b))
     x0 = rng.standard_normal(ka).astype(np.float32)
     if a.ticket:
         return run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0)
@@ -548,8 +567,8 @@ def main():
         src, defines = kernel_rows(dev, WG, G, ra, ka, rb, kb, a.steps_b, ta, L, a.groups_a, a.groups_b)
         xa_off, xb_off = ta * ka, 0
     else:
-        src, defines = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows, a.bfly, tb, wb.chunks[0].dbase, a.loads_only), dict(WIDE=True, INT_DOT=True, X24=True,
-                                                                         SUBGROUPS=True)
+        src = kernel(WG, G, ra, ka, rb, kb, sgs, a.rows, a.bfly, tb, wb.chunks[0].dbase, a.loads_only)
+        defines = dict(WIDE=True, INT_DOT=True, X24=True, SUBGROUPS=True)
         xa_off, xb_off = 0, ka
     pipe = dev.compile(expand_wgsl(src, defines), "persistent_gemv")
     act_n = max(xa_off + ka, xb_off + kb)
@@ -576,11 +595,11 @@ def main():
     xa, xb = dev.upload(x0), dev.buffer(kb * 4)
     ya = dev.buffer(rb * 4)
     eng, tuned = [], []                # the engine on the persistent kernel's shapes, and on tuned-like ones
-    tuned_a = None if a.small else tuple(int(v) for v in a.tuned_a.split(","))
-    tuned_b = None if a.small else tuple(int(v) for v in a.tuned_b.split(","))
+    tuned_a = None if a.small else shape_arg(a.tuned_a)
+    tuned_b = None if a.small else shape_arg(a.tuned_b)
     for layer in range(L):
         la = upload_weight(dev, f"A{layer}", "Q4_K", (ra, ka), raw_a[layer])
-        lb = upload_weight(dev, f"B{layer}", TYPES[tb]["gguf"], (rb, kb), raw_b[layer])
+        lb = upload_weight(dev, f"B{layer}", qb, (rb, kb), raw_b[layer])
         if a.gemv_rows:
             eng += ops.gemv(dev, la, xa, xb, y_stride=ra, shape=(WG, 2, 1, a.groups_a, 1, 1, 1))
             eng += ops.gemv(dev, lb, xb, ya, y_stride=rb, shape=(WG, 2, a.steps_b, a.groups_b, 1, 1, 1))
@@ -595,29 +614,22 @@ def main():
     print(f"one layer, persistent vs engine: max rel err A {err_b:.2e}, B {err_a:.2e}, timeouts {tout}")
 
     mb_a, mb_b = wa.nbytes / L / 1e6, wb.nbytes / L / 1e6
-    rows = []                       # (round, variant, run, us a phase, MB a phase, timeouts)
+    rows = []                       # (round, variant, run, us a phase, MB a phase, timeouts, -)
+    chain, per_phase = steps(False, 2 * L), steps(True, 2 * L)
     for rnd in range(2):
-        per_phase = steps(True, 2 * L)
-        for name, run, st, mb in (("persistent", "A+B", steps(False, 2 * L), (mb_a + mb_b) / 2),
-                                  ("a dispatch a phase", "A+B", per_phase, (mb_a + mb_b) / 2),
-                                  ("a dispatch a phase", "A", per_phase[0::2], mb_a),
-                                  ("a dispatch a phase", "B", per_phase[1::2], mb_b)):
+        for name, (run, st, mb) in [("persistent", ("A+B", chain, (mb_a + mb_b) / 2))] + \
+                [("a dispatch a phase", r) for r in ab_runs(per_phase, mb_a, mb_b)]:
             # x restored before each run: the random layers would otherwise grow it without bound (the
             # A-only and B-only runs read stale x: timing only)
             dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), len(st) if len(st) > 1 else 2 * L,
                                     5, 0.3, before=lambda: dev.write(act, act0()))
-            rows.append((rnd, name, run, dt * 1e6, mb, t))
+            rows.append((rnd, name, run, dt * 1e6, mb, t, 0.0))
         engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
         for name, ds in engines + [("engine GEMVs, tuned-like shapes", tuned)]:
-            for run, part, mb in (("A+B", ds, (mb_a + mb_b) / 2), ("A", ds[0::2], mb_a), ("B", ds[1::2], mb_b)):
-                rows.append((rnd, name, run, timed(dev, Plan(dev, part), 20, xb) / len(part) * 1e6, mb, 0))
+            for run, part, mb in ab_runs(ds, mb_a, mb_b):
+                rows.append((rnd, name, run, timed(dev, Plan(dev, part), 20, xb) / len(part) * 1e6, mb, 0, 0.0))
     print(f"\nA {mb_a:.1f} MB, B {mb_b:.1f} MB ({tb}) a phase; engine shapes A {tuned_a}, B {tuned_b}")
-    print("| variant | run | us a phase (2 rounds) | GB/s | timeouts |")
-    print("|---|---|---|---|---|")
-    for v, run in dict.fromkeys((r[1], r[2]) for r in rows):
-        got = [r for r in rows if (r[1], r[2]) == (v, run)]
-        print(f"| {v} | {run} | {' / '.join(f'{r[3]:.2f}' for r in got)} | "
-              f"{got[0][4] * 1e3 / min(r[3] for r in got):.0f} | {sum(r[5] for r in got)} |")
+    print_rows(rows)
 
 if __name__ == "__main__":
     main()
