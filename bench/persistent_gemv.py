@@ -98,17 +98,7 @@ DECLS = """struct Prm { p0: u32, nph: u32, wait: u32, limit: u32 }
 @group(0) @binding(2) var<storage, read_write> act: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> sync: array<atomic<u32>>;   // count, -, timeouts, abort
 @group(0) @binding(4) var<uniform> prm: Prm;
-struct XRow { base: u32 }
-fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
-    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
-}
-fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
-    return array<vec4<f32>, 16>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u),
-                                xv(r, c), xv(r, c + 1u), xv(r, c + 2u), xv(r, c + 3u),
-                                xv(r, d), xv(r, d + 1u), xv(r, d + 2u), xv(r, d + 3u));
-}"""
+struct XRow { base: u32 }"""
 
 
 def header(type_b: str = "Q4_K") -> str:
@@ -142,6 +132,15 @@ def print_rows(rows: list, errs: bool = False):
         print(f"| {v} | {run} | {' / '.join(f'{r[3]:.2f}' for r in got)} | "
               f"{got[0][4] * 1e3 / min(r[3] for r in got):.0f} | {sum(r[5] for r in got)} |"
               + f" {got[0][6]:.1e} |" * errs)
+
+
+def time_phases(dev, pipe, steps: list, sync, nph: int, reset) -> tuple[float, int]:
+    """us a phase and timed-out waits: `steps` (timed_run's) 20 repeats a submit, as the engine's rows
+    are (one repeat a submit added 8-20 us a phase: NOTES round 18), the median of 5, `reset` before
+    each run (the random layers would otherwise grow x without bound); one dispatch runs all nph."""
+    dt, _, t = timed_median(lambda: timed_run(dev, pipe, steps, sync, 20), len(steps) if len(steps) > 1 else nph,
+                            5, 0.3, before=reset)
+    return dt * 1e6, t
 
 
 def shape_arg(text: str) -> tuple:
@@ -350,10 +349,9 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
     phase and row block it runs. A phase's workgroups wait until every workgroup of the phases before
     has counted itself done. They wait only on smaller tickets, which have all started, so no
     co-residency is assumed (unlike the persistent grid), and the grid is the engine's own (a
-    workgroup a row block, as many resident as fit). `options` (words joined by '+'): "prewait", a
-    workgroup issues its first row group's weight loads before the wait (gemv_rows.wgsl PREWAIT). Each layer's activations have their
-    own region of `act` (X_l, Y_l, X_l+1, ...), so no SM has read a line of x before it is written;
-    with "xatom" x is read and written through atomics as well. With prm.wait = 0 it is a dispatch a
+    workgroup a row block, as many resident as fit). Each layer's activations have their own region
+    of `act` (X_l, Y_l, X_l+1, ...), so no SM has read a line of x before it is written. `options`
+    (words joined by '+'): "xatom", x read and written through atomics as well. With prm.wait = 0 it is a dispatch a
     phase, ids for tickets: the same kernel without the waits; with prm.wait = 2 one dispatch that
     waits, ids for tickets (safe only if the GPU starts workgroups in id order).
     groups_b = 1 makes B a plain shape (no HOIST or PF: the workgroup strides over a row's chunks,
@@ -362,10 +360,9 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
     x from a read-only binding of its own (binding 5, a copy).
     Returns the source, its defines, and A's and B's workgroups a layer."""
     opts = set(options.split("+"))
-    prewait, xatom = "prewait" in opts, "xatom" in opts
+    xatom = "xatom" in opts
     per_a, per_b = 2 * groups_a, 2 * groups_b
     defines, shared = rows_setup(dev, wg, groups_a, ka, layers * ra, kb, layers * rb, 0, max(per_a, per_b))
-    defines.update(PREWAIT=prewait, PREWAIT_KEY="q.x")
     na, nb = -(-ra // per_a), -(-rb // per_b)
     b_plain = groups_b == 1          # B strides over its row's chunks (no HOIST, no PF): fewer registers
     head = header()
@@ -383,8 +380,7 @@ def kernel_ticket(dev, wg: int, ra: int, ka: int, rb: int, kb: int, layers: int,
             xv = "return xr[x_off + xrow.base + i] * x_on;"
         wy = "let j = y_off + o;\n    act[j >> 2u][j & 3u] = s;"
     wait_body = "" if "nowait" in opts else f"""    let li = red_lane;
-    let dep = select(0u, 1u, key == 0x9E3779B9u);
-{grid_wait("need + dep")}"""
+{grid_wait("need")}"""
     count_done = "" if "nowait" in opts else """    storageBarrier();
     workgroupBarrier();
     if (li == 0u) { atomicAdd(&sync[0], 1u); }"""
@@ -401,13 +397,12 @@ fn xv(xrow: XRow, i: u32) -> vec4<f32> {{
 fn write_y(o: u32, row: u32, s: f32) {{
     {wy}
 }}
-// wait until every workgroup of the phases before has counted itself done (`key`, a loaded weight
-// word, makes the wait depend on the loads before it; 1 in 2^32 it waits for one more)
-fn phase_wait(key: u32) {{
+// wait until every workgroup of the phases before has counted itself done
+fn phase_wait() {{
 {wait_body}
 }}
 #include gemv_rows
-#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}{",HOIST=0,PF=0,PREWAIT=0" if b_plain else ""}
+#include gemv_rows as B_ with STEPS={steps_b},GROUPS={groups_b}{",HOIST=0,PF=0" if b_plain else ""}
 
 @compute @workgroup_size({wg})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>,
@@ -428,7 +423,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let row0 = layer * select({ra}u, {rb}u, is_b);
     y_off = x0 + select({ka}u, {kb}u, is_b) - row0;
     x_on = 1.0;                     // (a HOIST phase sets its own; a plain one reads x whole)
-    if ({"is_b" if b_plain else "false"} || !{"true" if prewait else "false"}) {{ phase_wait(0u); }}
+    phase_wait();
     if (is_b) {{ B_rows(row0 + (r - {na}u) * {per_b}u, 0u, li, lane, sg, nsg, sgsize); }}
     else {{ rows(row0 + r * {per_a}u, 0u, li, lane, sg, nsg, sgsize); }}
 {count_done}
@@ -438,7 +433,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 
 
 def run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
-    """--ticket: each of --variants (kernel_ticket's options joined by '+': prewait, xatom, and the
+    """--ticket: each of --variants (kernel_ticket's options joined by '+': xatom, and the
     diagnostics nowait, xro) as one ticketed dispatch, one with ids for tickets and a
     dispatch a phase, against the engine's dispatches on the same shapes; every layer's outputs
     checked against the engine's. A nowait variant runs a dispatch a phase only, A's and B's apart."""
@@ -506,11 +501,8 @@ def run_ticket(a, dev, ra, ka, rb, kb, raw_a, raw_b, wa, wb, x0):
                 print(f"{variant}, {run}: rel err a phase against the engine "
                       f"{' '.join(f'{e:.1e}' for e in errs)}, timeouts {tout}", flush=True)
             for rnd in range(2):
-                # 20 repeats a submit, as the engine's rows (one repeat a submit added 8-20 us a phase)
-                phases = len(st) if len(st) > 1 else 2 * L
-                dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), phases, 5, 0.3,
-                                        before=lambda: dev.write(act, act0()))
-                rows.append((rnd, variant, run, dt * 1e6, mb, t, max(errs) if errs else float("nan")))
+                us, t = time_phases(dev, pipe, st, sync, 2 * L, lambda: dev.write(act, act0()))
+                rows.append((rnd, variant, run, us, mb, t, max(errs) if errs else float("nan")))
     for rnd in range(2):
         engine_rows(rnd)
     print(f"\nA {WG}x2/{a.groups_a} ({na} workgroups, {mb_a:.1f} MB), B {WG}x2x{a.steps_b}/{a.groups_b} "
@@ -538,8 +530,8 @@ def main():
     ap.add_argument("--ticket", action="store_true", help="the ticketed dispatch (kernel_ticket), with --wg, "
                     "--steps-b, --groups-a, --groups-b")
     ap.add_argument("--square", type=int, default=0, help="A and B both N x N (an o-like 4,096: 9.4 MB phases)")
-    ap.add_argument("--variants", default="ticket,ticket+prewait",
-                    help="--ticket: kernel_ticket options joined by '+' (prewait, xatom; nowait, xro)")
+    ap.add_argument("--variants", default="ticket",
+                    help="--ticket: kernel_ticket options joined by '+' (xatom; nowait, xro)")
     a = ap.parse_args()
     dev = get_device()
     sgs = dev.subgroup_size
@@ -619,11 +611,9 @@ def main():
     for rnd in range(2):
         for name, (run, st, mb) in [("persistent", ("A+B", chain, (mb_a + mb_b) / 2))] + \
                 [("a dispatch a phase", r) for r in ab_runs(per_phase, mb_a, mb_b)]:
-            # x restored before each run: the random layers would otherwise grow it without bound (the
-            # A-only and B-only runs read stale x: timing only)
-            dt, _, t = timed_median(lambda st=st: timed_run(dev, pipe, st, sync, 20), len(st) if len(st) > 1 else 2 * L,
-                                    5, 0.3, before=lambda: dev.write(act, act0()))
-            rows.append((rnd, name, run, dt * 1e6, mb, t, 0.0))
+            # (the A-only and B-only runs read stale x: timing only)
+            us, t = time_phases(dev, pipe, st, sync, 2 * L, lambda: dev.write(act, act0()))
+            rows.append((rnd, name, run, us, mb, t, 0.0))
         engines = [("engine GEMVs, these shapes", eng)] if a.gemv_rows else []
         for name, ds in engines + [("engine GEMVs, tuned-like shapes", tuned)]:
             for run, part, mb in ab_runs(ds, mb_a, mb_b):

@@ -74,16 +74,6 @@ fn xv(xrow: XRow, i: u32) -> vec4<f32> {
     return v;
 #endif
 }
-fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
-    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
-}
-fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
-    return array<vec4<f32>, 16>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
-                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u),
-                                xv(r, c), xv(r, c + 1u), xv(r, c + 2u), xv(r, c + 3u),
-                                xv(r, d), xv(r, d + 1u), xv(r, d + 2u), xv(r, d + 3u));
-}
 
 #include gemv_rows
 #if DUAL

@@ -32,11 +32,6 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #end
 #endif
 #end
-#if PREWAIT
-    // a ticketed dispatch's wait for the phase before (bench/persistent_gemv.py --ticket): after the
-    // first group's weight loads, and depending on one of their words so they stay ahead of it
-    phase_wait(pw0_0.{{PREWAIT_KEY}});
-#endif
 #unroll STEPS u
     x_on = select(0.0, 1.0, li + $uu * {{WG}}u < chunks);
 #if INT_DOT
@@ -54,8 +49,11 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #endif
 #end
 #if HOIST
+#if PF
+    let nbase = rbase0 + min(gi + 1u, {{GROUPS}}u - 1u) * {{ROWS}}u;     // the next group's first row
+#else
     let rbase = rbase0 + gi * {{ROWS}}u;
-    let nbase = rbase0 + min(gi + 1u, {{GROUPS}}u - 1u) * {{ROWS}}u;
+#endif
 #unroll STEPS u
 #unroll ROWS
 #if PF

@@ -8,7 +8,9 @@
 // Decoders with a WIDE part (main region a multiple of 16 bytes) also define, for gemv.wgsl:
 //   WQK (elements per wide block), CPB (chunks per wide block), both also in formats/quants.py,
 //   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, N>   the x values chunk c of block b multiplies
-//                                 (gemv.wgsl's x_runs2 / x_runs4 of their vec4 offsets)
+//                                 (x_runs2 / x_runs4 below, of their vec4 offsets)
+// With WIDE the including kernel also declares struct XRow and fn xv(r: XRow, i: u32) -> vec4<f32>,
+// x's vec4 i of row r (gemv.wgsl: with the folded RMSNorm's weights, and zeros past a row's end).
 //   struct CW, fn chunk_load(blk, c) -> CW   the raw words chunk c of block blk needs (loads only)
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
 // and, where QuantType.int8_dot, under INT_DOT: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
@@ -27,6 +29,18 @@ fn word(i: u32) -> u32 { return w[i]; }
 // WIDE helpers. Every index into an array or vector below is a constant: naga passes arrays by value
 // and NVIDIA's compiler put dynamically indexed ones in local memory (10x slower GEMVs, measured).
 #if WIDE
+// x's vec4s a..a+3 and b..b+3 (and c.., d..): the runs a chunk's weights multiply
+fn x_runs2(r: XRow, a: u32, b: u32) -> array<vec4<f32>, 8> {
+    return array<vec4<f32>, 8>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                               xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u));
+}
+fn x_runs4(r: XRow, a: u32, b: u32, c: u32, d: u32) -> array<vec4<f32>, 16> {
+    return array<vec4<f32>, 16>(xv(r, a), xv(r, a + 1u), xv(r, a + 2u), xv(r, a + 3u),
+                                xv(r, b), xv(r, b + 1u), xv(r, b + 2u), xv(r, b + 3u),
+                                xv(r, c), xv(r, c + 1u), xv(r, c + 2u), xv(r, c + 3u),
+                                xv(r, d), xv(r, d + 1u), xv(r, d + 2u), xv(r, d + 3u));
+}
+
 // Sum of the 4 lanes of v (x runs' sums, for the min/offset terms).
 fn hsum(v: vec4<f32>) -> f32 { return dot(v, vec4<f32>(1.0)); }
 
