@@ -16,8 +16,9 @@ stored, so the grid barrier's ordering is tested too. Variants, per phase:
   persist       one dispatch, G resident workgroups, grid barriers between phases
   persist+pre   the same, with each phase's first trip loaded before its barrier wait
 A persistent kernel needs all G workgroups resident at once (WebGPU does not promise it): a wait
-that spins past its limit is counted, and the row reports it. Not on lavapipe: llvmpipe ends any
-loop after 65,535 trips (seen here: a spin wait there quit early, and its workgroup with it).
+that spins past its limit is counted, and the row reports it. The wait is `grid_wait`'s, shared
+with persistent_step.py and persistent_gemv.py (its two nested loops keep llvmpipe, which ends any
+one loop after 65,535 trips, from quitting early: `--mb 1 --groups 1,2 --total-mb 8` runs there).
 
     python bench/grid_barrier.py [--mb 9.4,33,66] [--groups 132,264,528] [--total-mb 1000]
 """
@@ -55,7 +56,7 @@ def kernel(unroll: int, prefetch: bool) -> str:
 struct Params {{ phase0: u32, nphases: u32, seg: u32, limit: u32 }}
 @group(0) @binding(0) var<storage, read> wts: array<vec4<u32>>;
 @group(0) @binding(1) var<storage, read_write> xbuf: array<atomic<u32>>;
-@group(0) @binding(2) var<storage, read_write> sync: array<atomic<u32>>;   // count, bad x reads, timeouts
+@group(0) @binding(2) var<storage, read_write> sync: array<atomic<u32>>;   // count, bad x reads, timeouts, abort
 @group(0) @binding(3) var<uniform> prm: Params;
 @group(0) @binding(4) var<storage, read_write> sink: array<u32>;
 
@@ -74,16 +75,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 {load_first if prefetch else ""}
     if (k > 0u) {{
         // grid barrier: every workgroup has counted phase k - 1 done
-        if (li == 0u) {{
-            var n = 0u;
-            loop {{
-                if (atomicLoad(&sync[0]) >= groups * k) {{ break; }}
-                n += 1u;
-                if (n > prm.limit) {{ atomicAdd(&sync[2], 1u); break; }}
-            }}
-        }}
-        workgroupBarrier();
-        storageBarrier();   // the acquire side: other workgroups' x stores are visible after it
+{grid_wait("groups * k")}
     }}
 {"" if prefetch else load_first}
     {{
@@ -131,7 +123,7 @@ def grid_wait(target: str) -> str:
             }}
         }}
         workgroupBarrier();
-        storageBarrier();"""
+        storageBarrier();   // the acquire side: other workgroups' stores before their count are visible"""
 
 
 def timed_run(dev, pipe, steps, sync, reps: int = 1):
