@@ -24,9 +24,10 @@ vulkan:
 	fi
 
 run: vulkan $(VENV)/.ready
-	$(VENV)/bin/shaderlm run "$(PROMPT)" --max-tokens 64
+	$(VENV)/bin/shaderlm run "$(PROMPT)" -n 64
 
 test: vulkan $(VENV)/.ready
+	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 
 clean:

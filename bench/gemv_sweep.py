@@ -6,28 +6,26 @@
 Each case uploads enough copies of a random matrix (valid blocks, synth.py's generator) that one pass
 over them is several times the GPU's L2, runs them as a chain of dispatches in one compute pass
 (each writes the same output buffer, so each waits for the last, as in a decode step), and times
-the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves). Variants: `old` (matmul.wgsl), `auto` (gemv.wgsl with ops.gemv_shape),
-`WGxROWS[xSTEPS[xGROUPS]]` (gemv.wgsl forced); `+NAME` appended to a variant also sets kernel define NAME (an
-experiment behind an #if; `+INT8_X` flags the weights for int8 x, as --int8-act does; `+X24` takes x
-as 24-bit fixed point, the default in models; without it the variant has f32 x). Output: a table, and the max relative difference from `old`.
+the chain from the CPU (no timestamps between dispatches: they serialize and cost time themselves).
+Variants: `old` (matmul.wgsl, the generic kernel), `auto` (gemv.wgsl in its default or tuned shape),
+`WGxROWS[xSTEPS[xGROUPS]]` (gemv.wgsl in that shape); `+X24` takes x as 24-bit fixed point (the
+default in models; without it the variant has f32 x), `+INT8_X` flags the weights for int8 x, as
+--int8-act does. Output: a table, and each variant's max relative difference from the first.
 """
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-from shaderlm.gpu.device import get_device            # noqa: E402
-from shaderlm.gpu.plan import Plan                    # noqa: E402
-from shaderlm.gpu.weights import upload_weight        # noqa: E402
-from shaderlm.kernels import ops                      # noqa: E402
-from shaderlm.synth import _random_float_rows, _random_quant_rows   # noqa: E402
+from shaderlm.gpu.device import get_device
+from shaderlm.gpu.plan import Plan
+from shaderlm.kernels import gemv, ops
+from shaderlm.kernels.peak import peak_read_gbs
+from shaderlm.kernels.weights import upload_weight
+from shaderlm.synth import _random_float_rows, _random_quant_rows
 
 # (type, rows, K, what): the matrices of one decode step of the yardstick models
 DEFAULT_CASES = [
@@ -58,18 +56,20 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
     st = dev.upload(np.array([0, 1, 0, 0], np.uint32))
     out, plans, ref = {}, {}, None
     for v in variants:
-        shape_v, *defs = v.split("+")           # "auto+EXP" also sets the kernel define EXP
-        os.environ["SHADERLM_GEMV"] = shape_v.replace("x", ",")
-        os.environ["SHADERLM_DEFINES"] = ",".join(defs)
-        for w in ws:                            # "+INT8_X": the weights' int8-activation flag
-            w.int8_x = "INT8_X" in defs and w.qtype.int8_dot
-        os.environ["SHADERLM_NO_X24"] = "" if "X24" in defs else "1"      # "+X24": x24 x (else f32)
-        old = shape_v == "old"
+        shape_v, *flags = v.split("+")
+        for w in ws:
+            w.int8_x = "INT8_X" in flags and w.qtype.int8_dot
+            w.x24 = "X24" in flags
         try:
-            # `old` via from_state_row (out_row0 = 0 here), which the wide GEMV does not take
-            plan = Plan(dev, [d for w in ws for d in ops.matmul(dev, w, x, y, st, tt=1, y_stride=rows,
-                                                               from_state_row=old)])
-            shape = None if old else ops.gemv_shape(dev, w0)
+            if shape_v == "old":       # via from_state_row (out_row0 = 0 here), which the wide GEMV does not take
+                ds = [d for w in ws for d in ops.matmul(dev, w, x, y, st, tt=1, y_stride=rows, from_state_row=True)]
+                shape = None
+            else:
+                shape = gemv.default_shape(dev, w0) if shape_v == "auto" else \
+                    gemv.GemvShape.of(int(s) for s in shape_v.split("x"))
+                shape = shape._replace(x24=int("X24" in flags))
+                ds = [d for w in ws for d in gemv.gemv(dev, w, x, y, y_stride=rows, shape=shape)]
+            plan = Plan(dev, ds)
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal
             out[v] = (float("nan"), float("nan"), f"error: {str(e)[:60]}")
             continue
@@ -77,7 +77,7 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
         got = dev.read(y, np.float32)[:rows]
         ref = got if ref is None else ref
         err = float(np.max(np.abs(got - ref)) / (np.max(np.abs(ref)) + 1e-30))
-        plans[v] = (plan, f"{err:.1e}" + (" " + "x".join(map(str, shape)) if shape else ""))
+        plans[v] = (plan, f"{err:.1e}" + (" " + shape.label() if shape else ""))
     # CPU-timed chains of all copies, one submit each (no timestamps between dispatches: they
     # serialize and cost time themselves); variants interleaved so that clock changes hit all alike
     times = {v: [] for v in plans}
@@ -96,14 +96,11 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
     for v, (plan, note) in plans.items():
         us = statistics.median(times[v]) * 1e6
         out[v] = (us, w0.nbytes / (us * 1e-6) / 1e9, note)
-    for k in ("SHADERLM_GEMV", "SHADERLM_DEFINES", "SHADERLM_NO_X24"):
-        os.environ.pop(k, None)
     return w0.nbytes, out
 
 
 def warm_up(dev, seconds: float):
     """Keep the GPU streaming for a while first: an idle GPU's low clocks made the first numbers 2-3x off."""
-    from shaderlm.bench import peak_read_gbs
     t0, gbs = time.perf_counter(), 0.0
     while time.perf_counter() - t0 < seconds:
         gbs = peak_read_gbs(dev, reps=10)
@@ -111,11 +108,12 @@ def warm_up(dev, seconds: float):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--case", action="append", help="TYPE:ROWSxK (repeatable)")
-    ap.add_argument("--variants", default="old,auto")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("--case", action="append", help="TYPE:ROWSxK (repeatable; default: the yardsticks' matrices)")
+    ap.add_argument("--variants", default="old,auto+X24", help="comma-separated (see above)")
     ap.add_argument("--min-mb", type=int, default=512, help="bytes of distinct copies per pass (beat the L2)")
-    ap.add_argument("-r", type=int, default=5)
+    ap.add_argument("-r", type=int, default=5, help="timed repetitions (median)")
     ap.add_argument("--warm-s", type=float, default=4.0)
     ap.add_argument("--case-warm-s", type=float, default=0.5, help="GPU busy time before each case's timing")
     a = ap.parse_args()

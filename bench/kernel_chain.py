@@ -18,16 +18,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from collections import OrderedDict
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-
-import shaderlm                              # noqa: E402
-from shaderlm.gpu.plan import Dispatch, Plan  # noqa: E402
+import shaderlm
+from shaderlm.gpu.plan import Dispatch, Plan
 
 
 def timed(dev, plan, n, sync_buf):
@@ -86,7 +83,7 @@ def streamed(dev, net, dispatches, which, v: int, cache: dict):
             cache[key] = make()
         return cache[key]
     pipe = memo(("pipe", v), lambda: dev.compile(STREAM_WGSL.replace("VU", f"{v}u")))
-    acts = [net.x, net.qkv, net.attn, net.gu, net.h, net.logits]
+    acts = [net.x, net.qkv, net.attn, net.gu, net.h, net.logit_buf]
     out = []
     for d in dispatches:
         if id(d) not in which:
@@ -103,19 +100,20 @@ def streamed(dev, net, dispatches, which, v: int, cache: dict):
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("-m", "--model", action="append")
-    ap.add_argument("-n", type=int, default=300)
-    ap.add_argument("--context", type=int, default=128)
-    ap.add_argument("--ablate", action="store_true")
-    ap.add_argument("--stream", action="store_true")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("-m", "--model", action="append", help="GGUF file (repeatable; default SmolLM2)")
+    ap.add_argument("-n", type=int, default=300, help="repeats of each dispatch")
+    ap.add_argument("--context", type=int, default=128, help="tokens in the cache before the step")
+    ap.add_argument("--ablate", action="store_true", help="also time whole steps with each group left out")
+    ap.add_argument("--stream", action="store_true", help="also time steps with the GEMVs replaced by streams")
     a = ap.parse_args()
     for path in a.model or [None]:
         model = shaderlm.load(path, ctx=a.context + 16, progress=False)
-        net, gen, dev = model.net, model.generator, model.device
-        ids = list(np.random.default_rng(0).integers(0, net.cfg.vocab_size, a.context))
-        gen._prefill(ids, 0, sample=True)
-        gen._read_tokens(len(ids), 1)
+        net, dev = model.net, model.device
+        ids = np.random.default_rng(0).integers(0, net.vocab_size, a.context).tolist()
+        net.prefill(ids, 0, sample=True)
+        net.read_tokens(len(ids), 1)
         net.set_state(len(ids), 1, 0)
         groups: "OrderedDict[tuple, list]" = OrderedDict()
         for d in net.plan_decode.dispatches:
@@ -163,6 +161,7 @@ def main():
             v = min(best, key=best.get)
             by_group("streamed", "gain us", lambda only: streamed(dev, net, plan, only, v, cache),
                      [(key, ds) for key, ds in groups.items() if key[2] >= HEAVY])
+
 
 if __name__ == "__main__":
     main()

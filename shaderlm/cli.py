@@ -1,12 +1,44 @@
-"""Command line: shaderlm run | chat | info | perplexity | bench | profile | tune | synth."""
+"""Command line: shaderlm run | chat | info | perplexity | bench | profile | tune | synth | convert.
+
+Flags follow llama.cpp's spellings where it has the same thing (-m, -p, -f, -n, -c, -s, --temp,
+--top-k, --top-p).
+"""
 from __future__ import annotations
 
 import argparse
 import math
+import os
+import random
 import sys
 import time
 
+from . import __version__
 from .errors import ShaderLMError
+
+
+# ---- argument types: a bad value is an argparse error naming the flag -----------------------------
+def _int_at_least(lo: int):
+    def parse(s: str) -> int:
+        try:
+            v = int(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a whole number") from None
+        if v < lo:
+            raise argparse.ArgumentTypeError(f"{v} is below {lo}")
+        return v
+    return parse
+
+
+def _float_in(lo: float, hi: float, lo_open: bool = False):
+    def parse(s: str) -> float:
+        try:
+            v = float(s)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{s!r} is not a number") from None
+        if not (math.isfinite(v) and (v > lo if lo_open else v >= lo) and v <= hi):
+            raise argparse.ArgumentTypeError(f"{s} is outside {'(' if lo_open else '['}{lo:g}, {hi:g}]")
+        return v
+    return parse
 
 
 def _model_args(p, gen=True):
@@ -15,58 +47,72 @@ def _model_args(p, gen=True):
     p.add_argument("--quantize", choices=["q8_0", "q4_k"], default=None,
                    help="quantize a Hugging Face folder's float weights while loading")
     p.add_argument("--device", help="adapter index or name substring (see `shaderlm info`)")
-    p.add_argument("--ctx", type=int, default=None, help="context length to allocate (default: model's, max 4096)")
+    p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx", type=_int_at_least(1), default=None,
+                   help="context length to allocate (default: the model's, at most 4096)")
     add_int8_act(p)
     if gen:
-        p.add_argument("--max-tokens", "-n", type=int, default=256)
-        p.add_argument("--temperature", "-t", type=float, default=0.0, help="0 = greedy")
-        p.add_argument("--top-k", type=int, default=0, help="0 = off")
-        p.add_argument("--top-p", type=float, default=1.0, help="1 = off")
-        p.add_argument("--seed", type=int, default=0)
+        p.add_argument("--n-predict", "-n", "--max-tokens", dest="max_tokens", type=_int_at_least(1), default=256,
+                       help="tokens to generate at most (default 256)")
+        p.add_argument("--temp", "--temperature", dest="temperature", type=_float_in(0, 100), default=0.0,
+                       help="sampling temperature; 0 = greedy (default)")
+        p.add_argument("--top-k", type=_int_at_least(0), default=0, help="keep the k most likely tokens; 0 = off")
+        p.add_argument("--top-p", type=_float_in(0, 1, lo_open=True), default=1.0,
+                       help="keep the smallest set of tokens whose probability reaches p; 1 = off")
+        p.add_argument("--seed", "-s", type=_int_at_least(0), default=None,
+                       help="sampling seed (default: a random one)")
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-        p.add_argument("--tokens-per-submit", type=int, default=8, help="decode steps per GPU submit")
+        p.add_argument("--tokens-per-submit", type=_int_at_least(1), default=8, help="decode steps per GPU submit")
 
 
 def add_int8_act(p):
     # default None, not False: without the flag, shaderlm.load falls back to SHADERLM_INT8_ACT
     p.add_argument("--int8-act", action="store_true", default=None,
                    help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
-                        "faster, not bit-exact: see README)")
+                        "faster, not bit-exact)")
 
 
 def _load(args, **kw):
     import shaderlm
-    ctx = args.ctx
-    if ctx is None:
-        ctx = 4096
     if getattr(args, "quantize", None):
         kw["quantize"] = args.quantize
-    return shaderlm.load(args.model, device=args.device, ctx=ctx, int8_act=args.int8_act, **kw)
+    return shaderlm.load(args.model, device=args.device, ctx=args.ctx or 4096, int8_act=args.int8_act, **kw)
 
 
 def _sampling(args):
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     return dict(max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k,
-                top_p=args.top_p, seed=args.seed, stop=args.stop)
+                top_p=args.top_p, seed=seed, stop=args.stop)
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise ShaderLMError(f"cannot read {path}: {getattr(e, 'strerror', None) or e}") from None
 
 
 def _stats_line(model) -> str:
     s = model.stats
-    plan = model.net.plan_decode
-    per_submit = max(1, model.generator.k)
     return (f"[prompt: {s.prompt_tokens} tok, {s.prompt_tps:.1f} tok/s | decode: {s.decode_tokens} tok, "
-            f"{s.decode_tps:.1f} tok/s | {len(plan)} dispatches/token, 1 submit per {per_submit} tokens | "
-            f"stop: {s.stop_reason} | {model.device.name}]")
+            f"{s.decode_tps:.1f} tok/s | {len(model.net.plan_decode)} dispatches/token, 1 submit per "
+            f"{max(1, model.generator.k)} tokens | stop: {s.stop_reason} | {model.device.name}]")
 
 
 def cmd_run(args):
-    prompt = args.prompt if args.prompt is not None else sys.stdin.read()
+    if args.prompt is not None and args.prompt_flag is not None:
+        raise ShaderLMError("give the prompt once: as an argument or with -p, not both")
+    prompt = args.prompt if args.prompt is not None else args.prompt_flag
+    if prompt is None:
+        prompt = _read_text(args.file) if args.file else sys.stdin.read()
     model = _load(args, tokens_per_submit=args.tokens_per_submit)
     for piece in model.stream(prompt, raw=args.raw, **_sampling(args)):
         sys.stdout.write(piece)
         sys.stdout.flush()
     sys.stdout.write("\n")
+    sys.stdout.flush()
     if model.stats.stop_reason == "context":
-        print(f"shaderlm: stopped: the context of {model.net.ctx} tokens is full (raise --ctx)", file=sys.stderr)
+        print(f"shaderlm: stopped: the context of {model.net.ctx} tokens is full (raise --ctx-size)", file=sys.stderr)
     print(_stats_line(model), file=sys.stderr)
 
 
@@ -100,10 +146,11 @@ def cmd_chat(args):
 
 def cmd_info(args):
     from .gpu.device import get_device, list_adapters
+    from .options import Options
     for i, a in enumerate(list_adapters()):
         print(f"adapter {i}: {a.info['device']} ({a.info['backend_type']}, {a.info['adapter_type']})")
-    dev = get_device(args.device)
-    d = dev.describe()
+    opts = Options.from_env().replace(device=args.device)
+    d = get_device(opts.device, opts.subgroups).describe()
     print(f"using: {d['device']} ({d['backend']}, {d['adapter_type']}) {d['description']}")
     print(f"features: {', '.join(d['features'])}")
     print(f"subgroup size: {d['subgroup_size'] or 'no subgroups'}")
@@ -113,18 +160,18 @@ def cmd_info(args):
 
 def cmd_perplexity(args):
     import numpy as np
-    text = open(args.file, encoding="utf-8").read()
+    text = _read_text(args.file)
     model = _load(args)
     tok = model.tokenizer
     ids = tok.encode(text, add_bos=False)
     n_ctx = args.ctx or 512
     if n_ctx > model.net.ctx:
-        raise ShaderLMError(f"--ctx {n_ctx} is over the allocated context {model.net.ctx}")
+        raise ShaderLMError(f"--ctx-size {n_ctx} is over the allocated context {model.net.ctx}")
     n_chunks = len(ids) // n_ctx
     if args.chunks:
         n_chunks = min(n_chunks, args.chunks)
     if n_chunks == 0:
-        raise ShaderLMError(f"{args.file}: {len(ids)} tokens, need at least --ctx {n_ctx} for one chunk")
+        raise ShaderLMError(f"{args.file}: {len(ids)} tokens, need at least --ctx-size {n_ctx} for one chunk")
     first = n_ctx // 2
     nll = nll2 = 0.0
     count = 0
@@ -154,34 +201,41 @@ def cmd_perplexity(args):
 def cmd_tune(args):
     """Time every candidate shape of the model's tunable decode kernels (again, even if cached), keep
     the fastest per adapter and print what was chosen."""
-    from .gpu import autotune
+    from .kernels.gemv import GemvShape
+    from .kernels.tuning import cache_path
     args.ctx = args.ctx or 256
     model = _load(args, progress=False, tune=False)       # tuned below, every key
-    dev = model.device
-    rows = model.tune(force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))
-    print(f"decode step time with each kernel's default shape, then with its best (in order, so the\n"
-          f"later rows include the earlier choices)")
+    rows = model.net.tune(model.options.cache_dir, force=True, reps=args.reps,
+                          log=lambda m: print(m, file=sys.stderr))
+    print("decode step time with each kernel's default shape, then with its best (in order, so the\n"
+          "later rows include the earlier choices)")
     print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")
-    def shape(s):          # WGxROWS[xSTEPS][/GROUPS][ x24][ bf][ pf]
-        return ("x".join(map(str, s[:3] if s[2] != 1 else s[:2])) + f"/{s[3]}" * (s[3] > 1) + " x24" * s[4]
-                + " bf" * s[5] + " pf" * s[6])
     for key, d, d_us, b, b_us, n in rows:
-        print(f"{key:>44} | {n:>5} | {shape(d):>8} | {d_us:>8.1f} | {shape(b):>8} | {b_us:>8.1f} | "
-              f"{d_us / b_us:.2f}x")
-    print(f"cache: {autotune.cache_path(dev)}")
+        print(f"{key:>44} | {n:>5} | {GemvShape.of(d).label():>8} | {d_us:>8.1f} | {GemvShape.of(b).label():>8} | "
+              f"{b_us:>8.1f} | {d_us / b_us:.2f}x")
+    print(f"cache: {cache_path(model.device, model.options.cache_dir)}")
 
 
 def cmd_synth(args):
-    from .synth import main as synth_main
-    synth_main(args.rest)
+    from .synth import run
+    return run(args)
 
 
-def main(argv=None):
+def cmd_convert(args):
+    from .convert import write_gguf
+    write_gguf(args.folder, args.out, args.outtype)
+    print(f"wrote {args.out} ({os.path.getsize(args.out):,} bytes)", file=sys.stderr)
+
+
+def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shaderlm", description="LLMs on any GPU through WebGPU compute shaders")
+    ap.add_argument("--version", action="version", version=f"shaderlm {__version__}")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("run", help="generate a completion (streams to stdout; stats to stderr)")
-    p.add_argument("prompt", nargs="?", help="prompt text (default: read stdin)")
+    p.add_argument("prompt", nargs="?", help="prompt text (default: -p, -f, or stdin)")
+    p.add_argument("--prompt", "-p", dest="prompt_flag", help="prompt text")
+    p.add_argument("--file", "-f", help="read the prompt from this file")
     p.add_argument("--raw", action="store_true", help="feed the prompt as is, without the chat template")
     _model_args(p)
     p.set_defaults(fn=cmd_run)
@@ -199,31 +253,42 @@ def main(argv=None):
     p = sub.add_parser("perplexity", help="perplexity of a text file, llama-perplexity's method")
     _model_args(p, gen=False)
     p.add_argument("--file", "-f", required=True)
-    p.add_argument("--chunks", type=int, default=0, help="at most this many chunks (0 = all)")
+    p.add_argument("--chunks", type=_int_at_least(0), default=0, help="at most this many chunks (0 = all)")
     p.set_defaults(fn=cmd_perplexity)
 
-    from .bench import add_parser as add_bench, add_profile_parser
-    add_bench(sub)
-    add_profile_parser(sub)
+    from . import bench
+    bench.add_parsers(sub, add_int8_act)
 
     p = sub.add_parser("tune", help="tune this model's decode kernel shapes for the adapter (cached on disk)")
     _model_args(p, gen=False)
-    p.add_argument("--reps", type=int, default=7, help="timed runs per candidate (median kept)")
+    p.add_argument("--reps", type=_int_at_least(1), default=7, help="timed runs per candidate (median kept)")
     p.set_defaults(fn=cmd_tune)
 
-    p = sub.add_parser("synth", help="write a synthetic GGUF (real shapes, random weights)")
-    p.add_argument("rest", nargs=argparse.REMAINDER)
+    from .synth import build_parser as synth_parser
+    p = synth_parser(sub.add_parser("synth", help="write a synthetic model (real shapes, random weights)"))
     p.set_defaults(fn=cmd_synth)
 
-    args = ap.parse_args(argv)
+    p = sub.add_parser("convert", help="write a GGUF file from a Hugging Face checkpoint folder")
+    p.add_argument("folder")
+    p.add_argument("out")
+    p.add_argument("--outtype", default="auto", choices=["auto", "F32", "F16", "BF16", "Q8_0", "Q4_K"],
+                   help="matrix type (default: keep the checkpoint's float type)")
+    p.set_defaults(fn=cmd_convert)
+    return ap
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
     try:
-        args.fn(args)
+        return args.fn(args) or 0
     except ShaderLMError as e:
         print(f"shaderlm: error: {e}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
-    return 0
+    except BrokenPipeError:            # `shaderlm run ... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

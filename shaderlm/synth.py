@@ -1,16 +1,18 @@
-"""Synthetic GGUF models: real shapes, real tensor types, random weights.
+"""Synthetic models: real shapes, real tensor types, random weights, as GGUF files or Hugging Face folders.
 
 For tests (a tiny model with its own small BPE tokenizer) and for benchmarks (full-size shapes such as
-Llama 3.1 8B in Q4_K_M, written tensor by tensor in chunks so memory stays small).  Quantized tensors are
-random block bytes with finite f16 scales chosen so that the dequantized weights have a standard deviation
-of about clip(1/sqrt(in_features), 0.02, 0.1).
+Llama 3.1 8B in Q4_K_M, written tensor by tensor in chunks so memory stays small). The shapes come from
+the architectures' presets (models/<arch>.py) and their tensor lists; quantized tensors are random
+block bytes with finite f16 scales chosen so that the dequantized weights have a standard deviation of
+about clip(1/sqrt(in_features), 0.02, 0.1).
 
-    python -m shaderlm.synth --preset llama-3.1-8b --quant Q4_K_M --out /tmp/llama8b.gguf
-    python -m shaderlm.synth --size qwen2.5-7b --format hf --quant BF16 --shard-mb 4096 --out /tmp/qwen7b
+    shaderlm synth --preset llama-3.1-8b --quant Q4_K_M --out /tmp/llama8b.gguf
+    shaderlm synth --preset qwen2.5-7b --format hf --quant BF16 --shard-mb 4096 --out /tmp/qwen7b
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 import math
@@ -21,6 +23,7 @@ import time
 import warnings
 import zlib
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -29,62 +32,24 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 
 from .formats.gguf import write_tensor_data
+from .models import architectures, for_gguf, preset as find_preset
+from .models.args import ModelArgs, llama3_rope_factors
+from .models.loading import hf_name_map
 
-__all__ = ["PRESETS", "QUANT_MIXES", "write_synthetic_gguf", "tensor_plan", "main"]
+__all__ = ["PRESETS", "QUANT_MIXES", "Synthetic", "resolve", "tensor_plan", "write_synthetic_gguf",
+           "write_synthetic_hf", "write_hf_tokenizer", "main"]
 
-# ----------------------------------------------------------------------------------------------------------
-# presets
-
-_BASE = dict(arch="llama", rope_base=10000.0, rms_eps=1e-5, tied=False, rope_freqs=None, tokenizer="tiny",
-             attn_bias=None, qk_norm=None, sliding_window=0, head_dim=None, rope_factors=None)
-
+# Test sizes, for any architecture (its own "tiny" entry, if any, is applied on top).
 PRESETS: dict[str, dict[str, Any]] = {
-    # test size: nothing is a multiple of 64 where the 32-element block formats allow it
+    # nothing is a multiple of 64 where the 32-element block formats allow it
     "tiny": dict(dim=96, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=24, ffn_dim=160, vocab_size=300,
                  context_length=256),
-    # test size for K-quants (their rows must be multiples of 256)
+    # for K-quants (their rows must be multiples of 256)
     "tiny-k": dict(dim=256, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=64, ffn_dim=768, vocab_size=300,
                    context_length=256),
-    "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152,
-                         context_length=8192, rope_base=100000.0, tied=True, tokenizer="smollm2"),
-    "llama-3.2-1b": dict(dim=2048, n_layers=16, n_heads=32, n_kv_heads=8, ffn_dim=8192, vocab_size=128256,
-                         context_length=131072, rope_base=500000.0, tied=True, tokenizer="smollm2",
-                         rope_freqs=dict(factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                         original_context_length=8192)),
-    "llama-3.1-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256,
-                         context_length=131072, rope_base=500000.0, tied=False, tokenizer="smollm2",
-                         rope_freqs=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                                         original_context_length=8192)),
-    "qwen2.5-7b": dict(arch="qwen2", dim=3584, n_layers=28, n_heads=28, n_kv_heads=4, ffn_dim=18944,
-                       vocab_size=152064, context_length=32768, rope_base=1000000.0, rms_eps=1e-6,
-                       tied=False, tokenizer="smollm2"),
-    "qwen3-0.6b": dict(arch="qwen3", dim=1024, n_layers=28, n_heads=16, n_kv_heads=8, head_dim=128,
-                       ffn_dim=3072, vocab_size=151936, context_length=40960, rope_base=1000000.0,
-                       rms_eps=1e-6, tied=True, tokenizer="smollm2"),
-    "gemma3-270m": dict(arch="gemma3", dim=640, n_layers=18, n_heads=4, n_kv_heads=1, head_dim=256,
-                        ffn_dim=2048, vocab_size=262144, context_length=32768, rope_base=1000000.0,
-                        rms_eps=1e-6, tied=True, tokenizer="smollm2", sliding_window=512),
-    "qwen2.5-0.5b": dict(arch="qwen2", dim=896, n_layers=24, n_heads=14, n_kv_heads=2, ffn_dim=4864,
-                         vocab_size=151936, context_length=32768, rope_base=1000000.0, rms_eps=1e-6,
-                         tied=True, tokenizer="smollm2"),
-    "mistral-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32768,
-                       context_length=32768, rope_base=1000000.0, tied=False, tokenizer="tiny"),
-    "phi3-mini": dict(arch="phi3", dim=3072, n_layers=32, n_heads=32, n_kv_heads=32, ffn_dim=8192,
-                      vocab_size=32064, context_length=4096, rope_base=10000.0, tied=False, tokenizer="tiny",
-                      sliding_window=2047),
 }
-
-# per-arch defaults for the tiny presets
-_ARCH_DEFAULTS = {
-    "llama": dict(),
-    "qwen2": dict(rms_eps=1e-6, rope_base=1000000.0),
-    "qwen3": dict(rms_eps=1e-6, rope_base=1000000.0),
-    # 6 layers so that one of them is global (llama.cpp's Gemma 3 pattern: every 6th layer)
-    "gemma3": dict(rms_eps=1e-6, rope_base=1000000.0, sliding_window=8, n_layers=6, tied=True),
-    # fused attn_qkv and ffn_up ([gate; up]); LongRoPE factors when rope_factors is set
-    "phi3": dict(),
-}
-ARCHS = tuple(_ARCH_DEFAULTS)
+# what a preset may say beyond the architecture's args
+_SYNTH_KEYS = {"tokenizer": "tiny", "rope_freqs": None, "rope_factors": None, "chat_template": None}
 
 QUANT_MIXES = ("Q4_K_M", "Q5_K_M", "Q4_K_M_LCPP", "Q5_K_M_LCPP")
 _SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
@@ -100,38 +65,55 @@ _FILE_TYPE = {
 _K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
 
 
-def _resolve(preset: str | None, arch: str | None, overrides: dict[str, Any]) -> dict[str, Any]:
+def preset_names() -> list[str]:
+    return list(PRESETS) + [n for c in architectures().values() for n in c.presets if not n.startswith("tiny")]
+
+
+@dataclass
+class Synthetic:
+    """A resolved synthetic model: its architecture, args, and how to make what the args don't say."""
+    arch: type
+    args: ModelArgs
+    tokenizer: str = "tiny"                # "tiny" (trained on a paragraph) or "smollm2" (the real one, padded)
+    rope_freqs: dict | None = None          # Llama 3.1 RoPE scaling: factor, low/high_freq_factor, original ctx
+    rope_factors: dict | None = None        # Phi-3 LongRoPE: long, short, original_context_length[, attn_factor]
+    chat_template: str | None = None
+    preset: str = "tiny"
+
+
+def resolve(preset: str | None = None, arch: str | None = None, **overrides) -> Synthetic:
+    """A preset's shapes (PRESETS, or an architecture's own), for `arch` (default the preset's), with
+    `overrides` of any ModelArgs field or synthetic setting."""
     name = preset or "tiny"
-    if name not in PRESETS:
-        raise ValueError(f"unknown preset {name!r}; known: {', '.join(PRESETS)}")
-    cfg = dict(_BASE)
-    p = PRESETS[name]
-    a = arch or p.get("arch", "llama")
-    if a not in _ARCH_DEFAULTS:
-        raise ValueError(f"synthetic models support archs {', '.join(ARCHS)}, not {a!r}")
-    if name.startswith("tiny"):
-        cfg.update(_ARCH_DEFAULTS[a])
-        cfg.update({k: v for k, v in p.items() if k not in _ARCH_DEFAULTS[a]})
+    if arch is not None and arch not in architectures():
+        raise ValueError(f"synthetic models support archs {', '.join(architectures())}, not {arch!r}")
+    if name in PRESETS:
+        default = for_gguf("llama")
     else:
-        cfg.update(p)
-    cfg["arch"] = a
-    unknown = set(overrides) - set(cfg) - {"name", "chat_template"}
+        try:
+            default, shape = find_preset(name)
+        except KeyError:
+            raise ValueError(f"unknown preset {name!r}; known: {', '.join(preset_names())}") from None
+    cls = for_gguf(arch) if arch else default
+    if name in PRESETS:
+        shape = {**PRESETS[name], **cls.presets.get("tiny", {})}
+    fields = {f.name for f in dataclasses.fields(cls.Args)}
+    unknown = set(overrides) - fields - set(_SYNTH_KEYS)
     if unknown:
-        raise TypeError(f"unknown override(s) {sorted(unknown)}; valid: {sorted(set(cfg) | {'name'})}")
-    cfg.update(overrides)
-    if cfg["head_dim"] is None:
-        cfg["head_dim"] = cfg["dim"] // cfg["n_heads"]
-    if cfg["attn_bias"] is None:
-        cfg["attn_bias"] = a == "qwen2"
-    if cfg["qk_norm"] is None:
-        cfg["qk_norm"] = a in ("qwen3", "gemma3")
+        raise TypeError(f"unknown override(s) {sorted(unknown)}; valid: {sorted(fields | set(_SYNTH_KEYS))}")
+    cfg = {**shape, **overrides}
+    synth = {k: cfg.pop(k, v) for k, v in _SYNTH_KEYS.items()}
+    cfg.setdefault("head_dim", cfg["dim"] // cfg["n_heads"])
+    cfg.setdefault("name", f"synthetic {name}" + (f" ({cls.gguf_arch})" if cls is not default else ""))
     if cfg["n_heads"] % cfg["n_kv_heads"]:
         raise ValueError("n_heads must be a multiple of n_kv_heads")
     if cfg["head_dim"] % 2:
         raise ValueError("head_dim must be even (RoPE rotates pairs)")
-    cfg.setdefault("name", f"synthetic {name}" + (f" ({a})" if a != p.get("arch", "llama") else ""))
-    cfg["preset"] = name
-    return cfg
+    rf = synth["rope_factors"]
+    if rf:
+        cfg["rope_scaling"] = {"type": "longrope", "original_context_length": int(rf["original_context_length"]),
+                               **({"attn_factor": float(rf["attn_factor"])} if "attn_factor" in rf else {})}
+    return Synthetic(cls, cls.Args(**cfg), preset=name, **synth)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -153,85 +135,70 @@ def _fit(qtype: str, row: int) -> str:
     return "F16"
 
 
-def tensor_plan(cfg: dict[str, Any], quant: str, embed_type: str | None) -> list[tuple[str, tuple[int, ...], str]]:
-    """[(name, numpy shape, type)] in file order."""
+def tensor_plan(s: Synthetic, quant: str, embed_type: str | None) -> list[tuple[str, tuple[int, ...], str]]:
+    """[(name, numpy shape, type)] in file order: the architecture's tensors, plus RoPE factor tables."""
     quant = quant.upper()
     if quant not in _SINGLE_TYPES and quant not in QUANT_MIXES:
         raise ValueError(f"unknown quant {quant!r}; use one of {', '.join(_SINGLE_TYPES + QUANT_MIXES)}")
     if embed_type is not None and embed_type.upper() not in _SINGLE_TYPES:
         raise ValueError(f"unknown embed_type {embed_type!r}; use one of {', '.join(_SINGLE_TYPES)}")
-    a, d, L = cfg["arch"], cfg["dim"], cfg["n_layers"]
-    hd, nh, nkv, ffn, V = cfg["head_dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["ffn_dim"], cfg["vocab_size"]
+    a = s.args
     mix = quant in QUANT_MIXES
     lcpp = quant.endswith("_LCPP")
     base = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}.get(quant.removesuffix("_LCPP"), quant)
 
-    def mat(role: str, layer: int = -1) -> str:
+    def mat(role: str, layer: int) -> str:
         if not mix:
             if role == "token_embd":
                 return (embed_type or "Q8_0").upper()
             return quant
-        # The benchmark layout (issue 3's yardsticks): Q6_K for attn_v, ffn_down, output and
+        # The benchmark layout (the decode yardsticks): Q6_K for attn_v, ffn_down, output and
         # token_embd in every layer, the base type elsewhere. llama.cpp's own mix gives attn_v and
-        # ffn_down Q6_K only in its "more bits" layers (`_use_more_bits`) - pass quant="Q4_K_M_LCPP".
+        # ffn_down Q6_K only in its "more bits" layers (`_use_more_bits`): quant="Q4_K_M_LCPP".
         if role == "token_embd" and embed_type:
             return embed_type.upper()
-        if role == "output" or (role == "token_embd" and (cfg["tied"] or not lcpp)):
+        if role == "output" or (role == "token_embd" and (a.tied or not lcpp)):
             return "Q6_K"
         if role == "token_embd":
             return base            # llama.cpp: an untied embedding is only gathered, never streamed
-        if role in ("attn_v", "ffn_down") and (not lcpp or _use_more_bits(layer, L)):
+        if role in ("attn_v", "ffn_down") and (not lcpp or _use_more_bits(layer, a.n_layers)):
             return "Q6_K"
         return base
 
-    plan: list[tuple[str, tuple[int, ...], str]] = []
-
-    def add(name, shape, qtype):
-        plan.append((name, tuple(shape), _fit(qtype, shape[-1]) if len(shape) > 1 else qtype))
-
-    add("token_embd.weight", (V, d), mat("token_embd"))
-    if cfg["rope_freqs"]:
-        add("rope_freqs.weight", (hd // 2,), "F32")
-    if cfg["rope_factors"]:
-        add("rope_factors_long.weight", (hd // 2,), "F32")
-        add("rope_factors_short.weight", (hd // 2,), "F32")
-    for i in range(L):
-        b = f"blk.{i}."
-        add(b + "attn_norm.weight", (d,), "F32")
-        if a == "phi3":
-            add(b + "attn_qkv.weight", ((nh + 2 * nkv) * hd, d), mat("attn_q", i))
+    plan = []
+    for name, shape in s.arch.tensor_specs(a):
+        if len(shape) == 1:
+            plan.append((name, shape, "F32"))
         else:
-            add(b + "attn_q.weight", (nh * hd, d), mat("attn_q", i))
-            add(b + "attn_k.weight", (nkv * hd, d), mat("attn_k", i))
-            add(b + "attn_v.weight", (nkv * hd, d), mat("attn_v", i))
-        if cfg["attn_bias"]:
-            add(b + "attn_q.bias", (nh * hd,), "F32")
-            add(b + "attn_k.bias", (nkv * hd,), "F32")
-            add(b + "attn_v.bias", (nkv * hd,), "F32")
-        if cfg["qk_norm"]:
-            add(b + "attn_q_norm.weight", (hd,), "F32")
-            add(b + "attn_k_norm.weight", (hd,), "F32")
-        add(b + "attn_output.weight", (d, nh * hd), mat("attn_output", i))
-        if a == "gemma3":
-            add(b + "post_attention_norm.weight", (d,), "F32")
-        add(b + "ffn_norm.weight", (d,), "F32")
-        if a == "phi3":
-            add(b + "ffn_up.weight", (2 * ffn, d), mat("ffn_up", i))
-        else:
-            add(b + "ffn_gate.weight", (ffn, d), mat("ffn_gate", i))
-            add(b + "ffn_up.weight", (ffn, d), mat("ffn_up", i))
-        add(b + "ffn_down.weight", (d, ffn), mat("ffn_down", i))
-        if a == "gemma3":
-            add(b + "post_ffw_norm.weight", (d,), "F32")
-    add("output_norm.weight", (d,), "F32")
-    if not cfg["tied"]:
-        add("output.weight", (V, d), mat("output"))
+            parts = name.split(".")
+            layer, role = (int(parts[1]), parts[2]) if parts[0] == "blk" else (-1, parts[0])
+            plan.append((name, shape, _fit(mat(role, layer), shape[-1])))
+        if name == "token_embd.weight":
+            if s.rope_freqs:
+                plan.append(("rope_freqs.weight", (a.rope_dim // 2,), "F32"))
+            if s.rope_factors:
+                plan += [("rope_factors_long.weight", (a.rope_dim // 2,), "F32"),
+                         ("rope_factors_short.weight", (a.rope_dim // 2,), "F32")]
     return plan
 
 
 def _n_bytes(shape: tuple[int, ...], qtype: str) -> int:
     block, size = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]]
     return math.prod(shape) // block * size
+
+
+def _vector(name: str, n: int, s: Synthetic, rng: np.random.Generator, offset: float = 0.0) -> np.ndarray:
+    """A 1-D tensor's values: RoPE factor tables as the preset says, biases around 0, norm weights near
+    1 (minus the architecture's offset, in a Hugging Face folder that stores w - 1)."""
+    if name == "rope_freqs.weight":
+        rf = s.rope_freqs
+        return llama3_rope_factors({**rf, "original_max_position_embeddings": rf["original_context_length"]},
+                                   s.args.rope_base, s.args.rope_dim)
+    if name.startswith("rope_factors_"):
+        return np.asarray(s.rope_factors["long" if "long" in name else "short"], np.float32)
+    if name.endswith(".bias"):
+        return (rng.standard_normal(n, dtype=np.float32) * 0.1).astype(np.float32)
+    return rng.uniform(0.8 - offset, 1.2 - offset, n).astype(np.float32)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -294,37 +261,6 @@ def _random_float_rows(qtype: str, n_rows: int, row_len: int, std: float, rng: n
     if qtype == "BF16":
         return (x.view(np.uint32) >> 16).astype(np.uint16).view(np.uint8)
     raise ValueError(qtype)
-
-
-def _llama3_rope_factors(cfg: dict[str, Any]) -> np.ndarray:
-    """Frequency divisors for Llama 3.1-style RoPE scaling (what convert_hf_to_gguf stores in rope_freqs)."""
-    rf = cfg["rope_freqs"]
-    factor, low, high = float(rf["factor"]), float(rf["low_freq_factor"]), float(rf["high_freq_factor"])
-    old_ctx = float(rf["original_context_length"])
-    hd = cfg["head_dim"]
-    freqs = cfg["rope_base"] ** (-np.arange(0, hd, 2, dtype=np.float64) / hd)
-    wavelen = 2 * math.pi / freqs
-    low_wl, high_wl = old_ctx / low, old_ctx / high
-    out = np.empty_like(freqs)
-    for i, wl in enumerate(wavelen):
-        if wl < high_wl:
-            out[i] = 1.0
-        elif wl > low_wl:
-            out[i] = factor
-        else:
-            smooth = (old_ctx / wl - low) / (high - low)
-            out[i] = 1.0 / ((1 - smooth) / factor + smooth)
-    return out.astype(np.float32)
-
-
-def _vector(name: str, n: int, cfg: dict[str, Any], rng: np.random.Generator) -> np.ndarray:
-    if name == "rope_freqs.weight":
-        return _llama3_rope_factors(cfg)
-    if name.startswith("rope_factors_"):
-        return np.asarray(cfg["rope_factors"]["long" if "long" in name else "short"], np.float32)
-    if name.endswith(".bias"):
-        return (rng.standard_normal(n, dtype=np.float32) * 0.1).astype(np.float32)
-    return rng.uniform(0.8, 1.2, n).astype(np.float32)        # norm weights near 1
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -438,7 +374,7 @@ def _tokenizer_kv(kind: str, vocab_size: int) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------------------------------------
-# writer
+# writers
 
 
 def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, preset: str | None = None,
@@ -446,54 +382,26 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
                          progress: Callable[[int, int], None] | None = None, **overrides) -> str:
     """Write a random-weight GGUF with real shapes and tensor types; return its path.
 
-    preset: one of PRESETS (default "tiny"); arch: llama (default for most presets), qwen2, qwen3, gemma3,
-    phi3 (fused attn_qkv / ffn_up; rope_factors=dict(long=[...], short=[...], original_context_length=N)
-    adds LongRoPE factor tensors).  :func:`write_synthetic_hf` writes the same shapes as an HF folder.
-    quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K,
-    Q6_K) with token_embd in ``embed_type`` (default Q8_0); or a llama.cpp mix, "Q4_K_M" / "Q5_K_M":
-    Q4_K / Q5_K, with Q6_K for the output head, for a tied embedding and for attn_v / ffn_down in
-    llama.cpp's "more bits" layers (token_embd is Q4_K / Q5_K unless tied or ``embed_type`` is given).
-    Rows whose length is not a multiple of a type's block get llama.cpp's fallback type (Q4_K -> Q5_0,
-    Q5_K -> Q5_1, Q6_K -> Q8_0, others -> F16).
-    overrides: dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim, vocab_size, context_length, rope_base,
-    rms_eps, tied, rope_freqs (dict or None), attn_bias, qk_norm, sliding_window, tokenizer
-    ("tiny" | "smollm2"), name, chat_template.
-    progress(bytes_written, total_bytes) is called after each chunk.  Tensors are written one chunk
-    (<= 64 MiB) at a time, so memory stays small for any model size.  Weights depend on (seed, tensor name).
-    """
+    preset: "tiny" (default), "tiny-k" or an architecture's preset (models/<arch>.py); arch: the
+    preset's unless given. quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0,
+    Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) with token_embd in ``embed_type`` (default Q8_0); or a mix,
+    "Q4_K_M" / "Q5_K_M" (the yardsticks' layout: Q6_K attn_v, ffn_down, output and token_embd) or
+    "Q4_K_M_LCPP" / "Q5_K_M_LCPP" (llama.cpp's own). Rows whose length is not a multiple of a type's
+    block get llama.cpp's fallback type (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, others -> F16).
+    overrides: any field of the architecture's args (dim, n_layers, tied, ...), or tokenizer ("tiny"
+    | "smollm2"), rope_freqs, rope_factors, chat_template. Tensors are written one chunk (<= 64 MiB)
+    at a time; weights depend on (seed, tensor name)."""
     path = os.fspath(path)
-    cfg = _resolve(preset, arch, overrides)
-    plan = tensor_plan(cfg, quant, embed_type)
-    tok = _tokenizer_kv(cfg["tokenizer"], cfg["vocab_size"])
-    a = cfg["arch"]
+    s = resolve(preset, arch, **overrides)
+    plan = tensor_plan(s, quant, embed_type)
+    tok = _tokenizer_kv(s.tokenizer, s.args.vocab_size)
+    a = s.arch.gguf_arch
 
     w = gguf.GGUFWriter(path, a)
-    w.add_name(cfg["name"])
     w.add_type("model")
     w.add_file_type(int(_FILE_TYPE[quant.upper()]))
     w.add_quantization_version(gguf.GGML_QUANT_VERSION)
-    w.add_context_length(cfg["context_length"])
-    w.add_embedding_length(cfg["dim"])
-    w.add_block_count(cfg["n_layers"])
-    w.add_feed_forward_length(cfg["ffn_dim"])
-    w.add_head_count(cfg["n_heads"])
-    w.add_head_count_kv(cfg["n_kv_heads"])
-    w.add_rope_freq_base(float(cfg["rope_base"]))
-    w.add_layer_norm_rms_eps(float(cfg["rms_eps"]))
-    w.add_vocab_size(cfg["vocab_size"])
-    if a == "llama":
-        w.add_rope_dimension_count(cfg["head_dim"])
-    if cfg["head_dim"] != cfg["dim"] // cfg["n_heads"] or a in ("gemma3", "qwen3"):
-        w.add_key_length(cfg["head_dim"])
-        w.add_value_length(cfg["head_dim"])
-    if a in ("gemma3", "phi3") and cfg["sliding_window"]:
-        w.add_sliding_window(cfg["sliding_window"])
-    if a == "phi3":
-        w.add_rope_dimension_count(cfg["head_dim"])
-        if cfg["rope_factors"]:
-            w.add_rope_scaling_orig_ctx_len(int(cfg["rope_factors"]["original_context_length"]))
-            if "attn_factor" in cfg["rope_factors"]:
-                w.add_rope_scaling_attn_factors(float(cfg["rope_factors"]["attn_factor"]))
+    s.args.write_gguf(w, a)
     w.add_tokenizer_model(tok["model"])
     w.add_tokenizer_pre(tok["pre"])
     w.add_token_list(tok["tokens"])
@@ -504,7 +412,7 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
     w.add_unk_token_id(tok["unk"])
     w.add_pad_token_id(tok["pad"])
     w.add_add_bos_token(False)
-    w.add_chat_template(overrides.get("chat_template", tok["template"]))
+    w.add_chat_template(s.chat_template or tok["template"])
 
     sizes = []
     for name, shape, qtype in plan:
@@ -512,12 +420,13 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
         sizes.append(nb)
         w.add_tensor_info(name, shape, np.dtype(np.float32), nb, raw_dtype=GGMLQuantizationType[qtype])
     total = sum(sizes)
+
     def rows(name, shape, qtype, nb):
         ss = np.random.SeedSequence([seed, zlib.crc32(name.encode())])   # by name: stable across plans
         bitgen = np.random.PCG64(ss)
         rng = np.random.Generator(np.random.PCG64(ss.spawn(1)[0]))
         if len(shape) == 1:
-            yield np.frombuffer(_vector(name, shape[0], cfg, rng).tobytes(), np.uint8)
+            yield np.frombuffer(_vector(name, shape[0], s, rng).tobytes(), np.uint8)
             return
         n_rows, row_len = math.prod(shape[:-1]), shape[-1]
         std = _weight_std(row_len)
@@ -537,12 +446,31 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
     return path
 
 
-# ----------------------------------------------------------------------------------------------------------
-# Hugging Face folders
+def hf_config(s: Synthetic, dtype: str = "bfloat16") -> dict[str, Any]:
+    """config.json of a synthetic model (transformers 4.x key layout, which 5.x also reads)."""
+    out = {"architectures": [s.arch.hf_architectures[0]], "model_type": s.arch.hf_model_types[0],
+           **s.args.hf_config(), "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2}
+    if s.args.attn_bias:
+        out["attention_bias"] = True
+    elif s.arch.gguf_arch == "llama":
+        out["attention_bias"] = False
+    if s.rope_freqs:
+        rf = s.rope_freqs
+        out["rope_scaling"] = {"rope_type": "llama3", "factor": rf["factor"], "low_freq_factor": rf["low_freq_factor"],
+                               "high_freq_factor": rf["high_freq_factor"],
+                               "original_max_position_embeddings": rf["original_context_length"]}
+    if s.rope_factors:
+        rf = s.rope_factors
+        out["original_max_position_embeddings"] = rf["original_context_length"]
+        out["rope_scaling"] = {"type": "longrope", "long_factor": list(map(float, rf["long"])),
+                               "short_factor": list(map(float, rf["short"]))}
+    return out
 
-_HF_ARCH = {"llama": ("LlamaForCausalLM", "llama"), "qwen2": ("Qwen2ForCausalLM", "qwen2"),
-            "qwen3": ("Qwen3ForCausalLM", "qwen3"), "gemma3": ("Gemma3ForCausalLM", "gemma3_text"),
-            "phi3": ("Phi3ForCausalLM", "phi3")}
+
+def hf_tensor_plan(s: Synthetic) -> list[tuple[str, tuple[int, ...]]]:
+    """[(Hugging Face name, shape)] of a synthetic model."""
+    names = hf_name_map(s.arch, s.args.n_layers)
+    return [(names[g], shape) for g, shape in s.arch.tensor_specs(s.args)]
 
 
 def write_hf_tokenizer(folder: str | os.PathLike, kind: str = "tiny", vocab_size: int = 300) -> None:
@@ -570,76 +498,6 @@ def write_hf_tokenizer(folder: str | os.PathLike, kind: str = "tiny", vocab_size
         json.dump(tcfg, f, indent=1)
 
 
-def hf_config(cfg: dict[str, Any], dtype: str = "bfloat16") -> dict[str, Any]:
-    """config.json for a resolved synthetic config (transformers 4.x key layout, which 5.x also reads)."""
-    a = cfg["arch"]
-    hf_arch, model_type = _HF_ARCH[a]
-    out: dict[str, Any] = {
-        "architectures": [hf_arch], "model_type": model_type, "vocab_size": cfg["vocab_size"],
-        "hidden_size": cfg["dim"], "intermediate_size": cfg["ffn_dim"], "num_hidden_layers": cfg["n_layers"],
-        "num_attention_heads": cfg["n_heads"], "num_key_value_heads": cfg["n_kv_heads"],
-        "head_dim": cfg["head_dim"], "max_position_embeddings": cfg["context_length"],
-        "rms_norm_eps": cfg["rms_eps"], "rope_theta": cfg["rope_base"], "tie_word_embeddings": bool(cfg["tied"]),
-        "torch_dtype": dtype, "bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 2,
-    }
-    if a == "gemma3":
-        n = cfg["n_layers"]
-        out.update({"hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": cfg["head_dim"],
-                    "sliding_window": cfg["sliding_window"], "rope_local_base_freq": 10000.0,
-                    "layer_types": ["full_attention" if i % 6 == 5 else "sliding_attention" for i in range(n)],
-                    "final_logit_softcapping": None, "attn_logit_softcapping": None, "rope_scaling": None})
-    else:
-        out["hidden_act"] = "silu"
-    if a == "llama":
-        out["attention_bias"] = False
-        if cfg["rope_freqs"]:
-            rf = cfg["rope_freqs"]
-            out["rope_scaling"] = {"rope_type": "llama3", "factor": rf["factor"], "low_freq_factor": rf["low_freq_factor"],
-                                   "high_freq_factor": rf["high_freq_factor"],
-                                   "original_max_position_embeddings": rf["original_context_length"]}
-    if a == "phi3":
-        out["sliding_window"] = cfg["sliding_window"] or None
-        if cfg["rope_factors"]:
-            rf = cfg["rope_factors"]
-            out["original_max_position_embeddings"] = rf["original_context_length"]
-            out["rope_scaling"] = {"type": "longrope", "long_factor": list(map(float, rf["long"])),
-                                   "short_factor": list(map(float, rf["short"]))}
-    return out
-
-
-def hf_tensor_plan(cfg: dict[str, Any]) -> list[tuple[str, tuple[int, ...]]]:
-    """[(HF name, shape)] of a resolved synthetic config."""
-    a, d, L = cfg["arch"], cfg["dim"], cfg["n_layers"]
-    hd, nh, nkv, ffn, V = cfg["head_dim"], cfg["n_heads"], cfg["n_kv_heads"], cfg["ffn_dim"], cfg["vocab_size"]
-    plan = [("model.embed_tokens.weight", (V, d))]
-    for i in range(L):
-        b = f"model.layers.{i}."
-        plan.append((b + "input_layernorm.weight", (d,)))
-        if a == "phi3":
-            plan.append((b + "self_attn.qkv_proj.weight", ((nh + 2 * nkv) * hd, d)))
-        else:
-            plan += [(b + "self_attn.q_proj.weight", (nh * hd, d)), (b + "self_attn.k_proj.weight", (nkv * hd, d)),
-                     (b + "self_attn.v_proj.weight", (nkv * hd, d))]
-        if cfg["attn_bias"]:
-            plan += [(b + "self_attn.q_proj.bias", (nh * hd,)), (b + "self_attn.k_proj.bias", (nkv * hd,)),
-                     (b + "self_attn.v_proj.bias", (nkv * hd,))]
-        if cfg["qk_norm"]:
-            plan += [(b + "self_attn.q_norm.weight", (hd,)), (b + "self_attn.k_norm.weight", (hd,))]
-        plan.append((b + "self_attn.o_proj.weight", (d, nh * hd)))
-        plan.append((b + "post_attention_layernorm.weight", (d,)))
-        if a == "gemma3":
-            plan += [(b + "pre_feedforward_layernorm.weight", (d,)), (b + "post_feedforward_layernorm.weight", (d,))]
-        if a == "phi3":
-            plan.append((b + "mlp.gate_up_proj.weight", (2 * ffn, d)))
-        else:
-            plan += [(b + "mlp.gate_proj.weight", (ffn, d)), (b + "mlp.up_proj.weight", (ffn, d))]
-        plan.append((b + "mlp.down_proj.weight", (d, ffn)))
-    plan.append(("model.norm.weight", (d,)))
-    if not cfg["tied"]:
-        plan.append(("lm_head.weight", (V, d)))
-    return plan
-
-
 _ST_DTYPE = {"F32": (4, "float32"), "F16": (2, "float16"), "BF16": (2, "bfloat16")}
 
 
@@ -647,21 +505,20 @@ def write_synthetic_hf(folder: str | os.PathLike, arch: str | None = None, prese
                        dtype: str = "BF16", seed: int = 0, shard_bytes: int | None = None,
                        progress: Callable[[int, int], None] | None = None, **overrides) -> str:
     """Write a random-weight Hugging Face folder (config.json, model*.safetensors [+ index],
-    tokenizer.json, tokenizer_config.json) with real shapes; return the folder.  dtype: F32, F16 or
-    BF16.  shard_bytes: split the weights into files of about this size (with the index file), as
-    large checkpoints are.  Tensors are written a chunk at a time (memory stays small)."""
+    tokenizer.json, tokenizer_config.json) with real shapes; return the folder. dtype: F32, F16 or
+    BF16. shard_bytes: split the weights into files of about this size (with the index file), as
+    large checkpoints are. Tensors are written a chunk at a time (memory stays small)."""
     folder = os.fspath(folder)
     dtype = dtype.upper()
     if dtype not in _ST_DTYPE:
         raise ValueError(f"HF folders hold F32, F16 or BF16 weights, not {dtype!r}")
-    cfg = _resolve(preset, arch, overrides)
-    plan = hf_tensor_plan(cfg)
+    s = resolve(preset, arch, **overrides)
+    plan = hf_tensor_plan(s)
     esize, tname = _ST_DTYPE[dtype]
     os.makedirs(folder, exist_ok=True)
     with open(os.path.join(folder, "config.json"), "w", encoding="utf-8") as f:
-        json.dump(hf_config(cfg, tname), f, indent=1)
-    write_hf_tokenizer(folder, cfg["tokenizer"], cfg["vocab_size"])
-    # shards
+        json.dump(hf_config(s, tname), f, indent=1)
+    write_hf_tokenizer(folder, s.tokenizer, s.args.vocab_size)
     shards: list[list[tuple[str, tuple[int, ...]]]] = [[]]
     size = 0
     for name, shape in plan:
@@ -675,7 +532,6 @@ def write_synthetic_hf(folder: str | os.PathLike, arch: str | None = None, prese
         [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     total = sum(math.prod(sh) * esize for _, sh in plan)
     done = 0
-    gemma = cfg["arch"] == "gemma3"
     for fname, shard in zip(names, shards):
         header: dict[str, Any] = {"__metadata__": {"format": "pt"}}
         off = 0
@@ -691,12 +547,7 @@ def write_synthetic_hf(folder: str | os.PathLike, arch: str | None = None, prese
             for name, shape in shard:
                 rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
                 if len(shape) == 1:
-                    if name.endswith(".bias"):
-                        x = rng.standard_normal(shape[0], dtype=np.float32) * 0.1
-                    elif gemma:          # Gemma scales by (1 + w)
-                        x = rng.uniform(-0.2, 0.2, shape[0]).astype(np.float32)
-                    else:
-                        x = rng.uniform(0.8, 1.2, shape[0]).astype(np.float32)
+                    x = _vector(name, shape[0], s, rng, offset=s.arch.hf_norm_offset)
                     f.write(_to_dtype(x.reshape(1, -1), dtype).tobytes())
                     done += shape[0] * esize
                     continue
@@ -744,11 +595,11 @@ def _parse_value(v: str) -> Any:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(prog="python -m shaderlm.synth",
-                                          description="Write a random-weight GGUF model with real shapes.")
-    p.add_argument("--preset", "--size", dest="preset", default="tiny", choices=list(PRESETS),
+    p = parser or argparse.ArgumentParser(prog="shaderlm synth",
+                                          description="Write a random-weight model with real shapes.")
+    p.add_argument("--preset", "--size", dest="preset", default="tiny", choices=preset_names(),
                    help="model shapes (default: tiny)")
-    p.add_argument("--arch", default=None, choices=list(ARCHS), help="architecture (default: the preset's)")
+    p.add_argument("--arch", default=None, choices=list(architectures()), help="architecture (default: the preset's)")
     p.add_argument("--quant", default=None, help="tensor type or mix: " + ", ".join(_SINGLE_TYPES + QUANT_MIXES)
                    + " (default Q4_1); for --format hf: F32, F16 or BF16 (default BF16)")
     p.add_argument("--format", default="gguf", choices=["gguf", "hf"],
@@ -768,10 +619,10 @@ def run(args: argparse.Namespace) -> int:
     overrides = {}
     for item in args.set:
         if "=" not in item:
-            raise SystemExit(f"--set expects KEY=VALUE, got {item!r}")
+            sys.stderr.write(f"shaderlm synth: --set expects KEY=VALUE, got {item!r}\n")
+            return 2
         k, v = item.split("=", 1)
         overrides[k.strip()] = _parse_value(v.strip())
-    embed = args.embed_type
     t0 = time.time()
     last = [0.0]
 
@@ -785,15 +636,15 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.flush()
 
     try:
-        if getattr(args, "format", "gguf") == "hf":
+        if args.format == "hf":
             write_synthetic_hf(args.out, arch=args.arch, preset=args.preset, dtype=args.quant or "BF16",
                                seed=args.seed, shard_bytes=(args.shard_mb << 20) or None, progress=progress,
                                **overrides)
         else:
             write_synthetic_gguf(args.out, arch=args.arch, preset=args.preset, quant=args.quant or "Q4_1",
-                                 embed_type=embed, seed=args.seed, progress=progress, **overrides)
-    except (ValueError, TypeError) as e:
-        sys.stderr.write(f"error: {e}\n")
+                                 embed_type=args.embed_type, seed=args.seed, progress=progress, **overrides)
+    except (ValueError, TypeError, OSError) as e:
+        sys.stderr.write(f"shaderlm synth: error: {e}\n")
         return 2
     if not args.quiet:
         size = os.path.getsize(args.out) if os.path.isfile(args.out) else \

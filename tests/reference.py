@@ -23,7 +23,7 @@ import gguf
 from gguf.constants import GGMLQuantizationType
 
 from shaderlm.formats.gguf import GGUFFile, _FastReader
-from shaderlm.models.config import ModelConfig
+from shaderlm.models import for_gguf
 
 __all__ = ["reference_logits", "reference_greedy", "ReferenceModel", "load_reference"]
 
@@ -90,10 +90,12 @@ class _Cache:
 class ReferenceModel:
     def __init__(self, path: str):
         self.path = os.fspath(path)
-        self.cfg: ModelConfig = GGUFFile(self.path).config()
-        if self.cfg.arch not in _ARCHS:
-            raise NotImplementedError(f"reference forward pass covers {_ARCHS}, not {self.cfg.arch}")
-        st = self.cfg.extra.get("rope_scaling_type")
+        f = GGUFFile(self.path)
+        self.arch = f.metadata["general.architecture"]       # the file's hyper-parameters, as shaderlm reads them
+        if self.arch not in _ARCHS:
+            raise NotImplementedError(f"reference forward pass covers {_ARCHS}, not {self.arch}")
+        self.cfg = for_gguf(self.arch).Args.from_gguf(f, self.arch)
+        st = self.cfg.rope_scaling.get("type")
         if st not in (None, "none", "linear"):
             raise NotImplementedError(f"reference: rope scaling type {st!r}")
         reader = _FastReader(self.path)          # a GGUFReader; tensors are parsed by upstream gguf-py
@@ -107,7 +109,7 @@ class ReferenceModel:
         c = _Cache()
         for _ in range(self.cfg.n_layers):
             c.k.append(np.zeros((0, self.cfg.n_kv_heads, self.cfg.head_dim)))
-            c.v.append(np.zeros((0, self.cfg.n_kv_heads, self.cfg.extra.get("head_dim_v", self.cfg.head_dim))))
+            c.v.append(np.zeros((0, self.cfg.n_kv_heads, self.cfg.head_dim)))
         return c
 
     def forward(self, token_ids, cache: _Cache | None = None, last_only: bool = False) -> np.ndarray:
@@ -121,13 +123,13 @@ class ReferenceModel:
         cache = cache if cache is not None else self.new_cache()
         n, start = ids.size, cache.n
         pos = np.arange(start, start + n)
-        gemma = cfg.arch == "gemma3"
+        gemma = self.arch == "gemma3"
         hd, nh, nkv = cfg.head_dim, cfg.n_heads, cfg.n_kv_heads
-        hdv = cfg.extra.get("head_dim_v", hd)
+        hdv = hd
         group = nh // nkv
         eps = cfg.rms_eps
         freq_div = w.get("rope_freqs.weight")
-        scale_q = cfg.extra.get("attn_scale", 1.0 / math.sqrt(hd)) if gemma else 1.0 / math.sqrt(hd)
+        scale_q = cfg.attn_scale if gemma else 1.0 / math.sqrt(hd)
 
         x = w["token_embd.weight"][ids].astype(np.float64)
         if gemma:
@@ -150,9 +152,9 @@ class ReferenceModel:
                 k = _rms_norm(k, w[b + "attn_k_norm.weight"], eps)
             window = 0
             base, scale = cfg.rope_base, cfg.rope_scale
-            if gemma and cfg.extra["swa_layers"][L]:
-                window = cfg.extra["sliding_window"]
-                base, scale = cfg.extra["rope_base_local"], 1.0
+            if gemma and cfg.windowed(L):
+                window = cfg.sliding_window
+                base, scale = cfg.rope_base_local, 1.0
             q = _rope(q, pos, cfg.rope_dim, base, scale, cfg.rope_neox, freq_div)
             k = _rope(k, pos, cfg.rope_dim, base, scale, cfg.rope_neox, freq_div)
             K = cache.k[L] = np.concatenate([cache.k[L], k], axis=0)
@@ -190,7 +192,7 @@ class ReferenceModel:
         if head is None:
             head = w["token_embd.weight"]
         logits = _mm(x, head)
-        cap = cfg.extra.get("final_logit_softcap")
+        cap = getattr(cfg, "final_logit_softcap", 0.0)
         if cap:
             logits = np.tanh(logits / cap) * cap
         return logits

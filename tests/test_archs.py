@@ -13,10 +13,10 @@ import pytest
 
 import shaderlm
 from shaderlm.engine.generate import Generator
-from shaderlm.formats.gguf import GGUFFile
 from shaderlm.gpu.device import get_device
 from shaderlm.gpu.plan import Plan
 from shaderlm.kernels import ops
+from shaderlm.models import open_model
 from shaderlm.models.gemma3 import Gemma3
 
 from reference import reference_logits
@@ -143,7 +143,7 @@ def check_greedy_decode(path, m, name):
     n = 20
     got = m.generate_tokens(prompt, n, temperature=0.0, stop_at_eos=False)
     assert len(got) == n
-    last = m.device.read(m.net.logits, np.float32, 0, m.config.vocab_size * 4)
+    last = m.device.read(m.net.logit_buf, np.float32, 0, m.config.vocab_size * 4)
     logits_all = reference_logits(path, prompt + got)        # teacher-forced on our tokens
     rows = logits_all[len(prompt) - 1: len(prompt) - 1 + n]
     top2 = np.sort(rows, axis=1)[:, -2:]
@@ -172,19 +172,18 @@ def test_gemma3_final_logit_softcap(synth_gguf, fuse):
     """A config with final_logit_softcapping: logits = cap * tanh(logits / cap), in the logits plan
     and before the sampler (greedy is unchanged by a monotonic cap, so check the values)."""
     path = synth_gguf(seed=1, **CASES["gemma3-Q8_0"])
-    g = GGUFFile(path)
-    cfg = g.config()
-    ids = _ids(cfg.vocab_size, 13, 5)
+    m = open_model(path)
+    ids = _ids(m.args.vocab_size, 13, 5)
     ref = reference_logits(path, ids).astype(np.float64)
     cap = 0.3 * float(np.abs(ref).max())              # low enough to bend the top logits
-    cfg.extra["final_logit_softcap"] = cap
-    net = Gemma3(get_device(), g, cfg, ctx=64, batch=32, fuse=fuse)
+    cfg = m.args.replace(final_logit_softcap=cap)
+    net = Gemma3(get_device(), m.source, cfg, ctx=64, batch=32, fuse=fuse)
     gen = Generator(net)
     want = np.tanh(ref / cap) * cap
     got = gen.logits(ids)
     assert np.abs(got - want).max() <= _tol(ref)
     out = list(gen.generate(ids, 3, keep_history=False))
-    last = net.dev.read(net.logits, np.float32, 0, cfg.vocab_size * 4)
+    last = net.dev.read(net.logit_buf, np.float32, 0, cfg.vocab_size * 4)
     want_last = np.tanh(reference_logits(path, ids + out)[-2].astype(np.float64) / cap) * cap
     assert np.abs(last - want_last).max() <= _tol(ref)
 
@@ -213,3 +212,32 @@ def test_gemma3_270m(gemma3_path):
     top2 = np.sort(rows, axis=1)[:, -2:]
     bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), out, GEMMA_TOL)
     assert bad is None, f"greedy {out!r} ({m.tokenizer.decode(out)!r}) diverges: {bad}"
+
+
+# ---- an architecture is one class --------------------------------------------------------------
+def test_a_new_architecture_is_one_class(synth_gguf, tmp_path):
+    """A Transformer subclass with its own names, registered, is all an architecture needs: synth
+    writes its files, the loader finds it by its GGUF and Hugging Face names, and (this one being
+    Llama under another name) it computes what Llama computes on the same weights."""
+    from shaderlm.models import architectures, for_hf, register
+    from shaderlm.models.llama import Llama
+    from shaderlm.synth import write_synthetic_gguf
+
+    class Copy(Llama):
+        gguf_arch = "llamacopy"
+        hf_architectures = ("LlamaCopyForCausalLM",)
+        hf_model_types = ("llamacopy",)
+        presets = {"llamacopy-tiny": dict(dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn_dim=128,
+                                          vocab_size=300, context_length=128)}
+    register(Copy)
+    try:
+        assert for_hf("LlamaCopyForCausalLM", None) is Copy
+        ours = shaderlm.load(write_synthetic_gguf(tmp_path / "c.gguf", preset="llamacopy-tiny", quant="Q8_0"),
+                             progress=False, ctx=64)
+        assert ours.arch == "llamacopy" and isinstance(ours.net, Copy)
+        llama = shaderlm.load(write_synthetic_gguf(tmp_path / "l.gguf", preset="llamacopy-tiny", arch="llama",
+                                                   quant="Q8_0"), progress=False, ctx=64)
+        ids = _ids(300, 11, 3)
+        assert np.array_equal(ours.logits(ids), llama.logits(ids))
+    finally:
+        architectures().pop("llamacopy")

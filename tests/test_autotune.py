@@ -1,5 +1,6 @@
-"""The per-adapter autotuner (gpu/autotune.py): tunes a model's decode kernel shapes on first use,
-caches them on disk, reuses the cache, and leaves results correct (NumPy reference on the same file)."""
+"""The per-adapter tuner (gpu/tuner.py, kernels/tuning.py): tunes a model's decode kernel shapes on
+first use, caches them on disk, reuses the cache, and leaves results correct (NumPy reference on the
+same file)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +9,8 @@ import numpy as np
 import pytest
 
 import shaderlm
-from shaderlm.gpu import autotune
+from shaderlm.gpu import tuner
+from shaderlm.kernels import tuning as shape_cache
 
 from synth_models import check_logits
 
@@ -17,21 +19,14 @@ CASE = dict(preset="tiny", quant="Q4_K_M")
 
 @pytest.fixture
 def tuning(monkeypatch, tmp_path):
-    """Tuning forced on (also on lavapipe), fused decode (the tunable kernels), a private cache, and
-    a fresh tuning table on the shared device."""
+    """Tuning forced on (also on lavapipe), fused decode (the tunable kernels), a private cache dir,
+    and a timer that takes one short sample per candidate."""
     monkeypatch.setenv("SHADERLM_TUNE", "1")
     monkeypatch.setenv("SHADERLM_FUSE", "1")
     monkeypatch.setenv("SHADERLM_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(autotune, "_timer", _fast_timer(autotune._timer))
+    monkeypatch.setattr(tuner, "_timer", _fast_timer(tuner._timer))
     from shaderlm.gpu.device import get_device
-    dev = get_device()
-    saved, saved_fused = dict(dev.tuned), dev.prefer_fused
-    dev.tuned.clear()
-    dev.prefer_fused = True
-    yield dev
-    dev.tuned.clear()
-    dev.tuned.update(saved)
-    dev.prefer_fused = saved_fused
+    yield get_device()
 
 
 def _fast_timer(timer):
@@ -45,7 +40,7 @@ def _fast_timer(timer):
     return fast
 
 
-def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
+def test_tunes_once_then_uses_the_cache(tuning, synth_gguf, tmp_path):
     dev = tuning
     path = synth_gguf(seed=1, **CASE)
     m = shaderlm.load(path, progress=False, ctx=64)
@@ -53,34 +48,35 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf):
     assert any(k.startswith("gemv") for k in keys)
     # per distinct key: one timing round of all candidates, the default and the fastest few again, then
     # the best shape against its f32-x twin (all are x24 types)
-    calls = autotune._timer.calls
+    calls = tuner._timer.calls
     assert len(calls) == 3 * len(keys) and calls[2::3] == [2] * len(keys), calls
-    assert all(2 <= n <= 1 + autotune.FINALISTS and n < first for first, n in zip(calls[::3], calls[1::3])), calls
-    cache = autotune.cache_path(dev)
+    assert all(2 <= n <= 1 + tuner.FINALISTS and n < first for first, n in zip(calls[::3], calls[1::3])), calls
+    cache = shape_cache.cache_path(dev, str(tmp_path))
     shapes = json.loads(cache.read_text())["shapes"]
     assert set(shapes) == keys
     # timing ran decode steps (each advances the position) from a reset start, never past the context
     pos = int(m.device.read(m.net.state, np.uint32, 0, 16)[0])
     assert 32 < pos < 64, pos
     # every dispatch of the plan now has its key's tuned shape, and the model is still right
+    for d in m.net.plan_decode.dispatches:
+        if d.tune is not None:
+            assert list(shape_cache.tuned_shape(dev, d.tune.key)) == shapes[d.tune.key]
     check_logits(path, m, "tuned")
 
-    # a new process: the cache is read, nothing is timed, the plan is built with the cached shapes
-    dev.tuned.clear()
-    dev.tuned.update(autotune.load(dev))
-    n_timed = len(autotune._timer.calls)
+    # as a new process: the cache is read, nothing is timed, the plan is built with the cached shapes
+    shape_cache.open_cache(dev, str(tmp_path), reload=True)
+    n_timed = len(tuner._timer.calls)
     m2 = shaderlm.load(path, progress=False, ctx=64)
-    assert len(autotune._timer.calls) == n_timed
-    assert {k: list(v) for k, v in dev.tuned.items()} == shapes
+    assert len(tuner._timer.calls) == n_timed
+    assert {k: list(v) for k, v in shape_cache.open_cache(dev, str(tmp_path)).shapes.items()} == shapes
     check_logits(path, m2, "from cache")
 
 
-def test_bad_cache_is_ignored_and_replaced(tuning, synth_gguf, capsys):
+def test_bad_cache_is_ignored_and_replaced(tuning, synth_gguf, capsys, tmp_path):
     dev = tuning
-    cache = autotune.cache_path(dev)
+    cache = shape_cache.cache_path(dev, str(tmp_path))
     cache.parent.mkdir(parents=True, exist_ok=True)
     cache.write_text('{"version": 1, "shapes": {"gemv Q8_0 96x96": [64, "many"]}}')
-    dev.tuned.update(autotune.load(dev))              # as a new process opening the device would
     path = synth_gguf(seed=1, **CASE)
     m = shaderlm.load(path, progress=False, ctx=64)
     assert "ignoring the kernel tuning cache" in capsys.readouterr().err
@@ -89,25 +85,27 @@ def test_bad_cache_is_ignored_and_replaced(tuning, synth_gguf, capsys):
     check_logits(path, m, "after a bad cache")
 
 
-def test_tune_off_uses_heuristics_only(tuning, synth_gguf, monkeypatch):
+def test_tune_off_uses_heuristics_only(tuning, synth_gguf, monkeypatch, tmp_path):
     monkeypatch.setenv("SHADERLM_TUNE", "0")
     dev = tuning
-    cache = autotune.cache_path(dev)
-    shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64)
-    assert not cache.exists() and not dev.tuned and not autotune._timer.calls
+    shape_cache.open_cache(dev, str(tmp_path)).shapes["gemv Q4_K 96x96"] = (32, 1)   # a cache open before
+    m = shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64)
+    assert not shape_cache.cache_path(dev, str(tmp_path)).exists() and not tuner._timer.calls
+    keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
+    assert keys and all(shape_cache.tuned_shape(dev, k) is None for k in keys)
 
 
 def test_candidate_plans_skip_what_cannot_build(tuning, synth_gguf):
-    """autotune._plans builds a key's candidate plans (on several threads) in the order given, and
+    """tuner._plans builds a key's candidate plans (on several threads) in the order given, and
     skips, by name, a shape the weight cannot take."""
     m = shaderlm.load(synth_gguf(seed=1, **CASE), progress=False, ctx=64, tune=False)
     plan = m.net.plan_decode
-    groups = autotune._groups(plan)
+    groups = tuner._groups(plan)
     key = next(k for k in groups if k.startswith("gemv "))
     good = groups[key][0].candidates()[:4]
     bad = (16, 2, 1, 64, 0)            # 64 groups of 2 rows: more rows than the 16 lanes
     logs = []
-    plans = autotune._plans(m.device, plan, key, [good[0], bad, *good[1:]], logs.append)
+    plans = tuner._plans(m.device, plan, key, [good[0], bad, *good[1:]], logs.append)
     assert list(plans) == good
     assert len(logs) == 1 and str(bad) in logs[0] and "skipped" in logs[0], logs
     for shape, p in plans.items():

@@ -67,3 +67,65 @@ def test_errors_are_one_line(tiny_gguf, tmp_path, capsys, argv, msg):
     assert main(argv) == 1
     err = capsys.readouterr().err.strip()
     assert err.startswith("shaderlm: error:") and msg in err and "Traceback" not in err, err
+
+
+# ---- first contact: what a new user types -------------------------------------------------------
+@pytest.mark.parametrize("argv,flag", [
+    (["run", "-n", "0", "hi"], "-n"), (["run", "-n", "-3", "hi"], "-n"), (["run", "--temp", "-1", "hi"], "--temp"),
+    (["run", "--top-p", "5", "hi"], "--top-p"), (["run", "--top-p", "0", "hi"], "--top-p"),
+    (["run", "--top-k", "-5", "hi"], "--top-k"), (["run", "-c", "0", "hi"], "--ctx-size"),
+    (["run", "--temp", "nan", "hi"], "--temp"), (["run", "-s", "x", "hi"], "--seed"),
+])
+def test_bad_flag_values_are_refused_by_name(capsys, argv, flag):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_missing_text_file_is_one_line(capsys):
+    assert main(["perplexity", "-f", "/nonexistent/wiki.txt"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("shaderlm: error: cannot read /nonexistent/wiki.txt") and "\n" not in err
+
+
+def test_version_and_python_m(capsys):
+    import subprocess
+    import sys
+
+    from shaderlm import __version__
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0 and capsys.readouterr().out.strip() == f"shaderlm {__version__}"
+    out = subprocess.run([sys.executable, "-m", "shaderlm", "--version"], capture_output=True, text=True)
+    assert out.returncode == 0 and out.stdout.strip() == f"shaderlm {__version__}"
+
+
+def test_synth_subcommand(tmp_path, capsys):
+    out = tmp_path / "x.gguf"
+    assert main(["synth", "--preset", "tiny", "--out", str(out), "-q"]) == 0
+    assert out.stat().st_size > 0
+
+
+def test_prompt_flag_file_and_seed(tiny_gguf, tmp_path, capsys):
+    """-p and -f give the prompt as the positional argument does; a given seed repeats a sampled run."""
+    f = tmp_path / "p.txt"
+    f.write_text("the quick brown")
+    runs = []
+    for argv in (["-p", "the quick brown"], ["-f", str(f)], ["the quick brown"]):
+        assert main(["run", "-m", tiny_gguf, "--raw", "-n", "6", "--temp", "0.9", "-s", "5", *argv]) == 0
+        runs.append(capsys.readouterr().out)
+    assert runs[0] == runs[1] == runs[2]
+
+
+def test_output_closed_early_is_quiet(tiny_gguf):
+    """`shaderlm run ... | head -c 3`: the reader leaves, the run ends without a traceback."""
+    import subprocess
+    import sys
+    cmd = [sys.executable, "-m", "shaderlm", "run", "-m", tiny_gguf, "--raw", "-n", "40", "the quick brown"]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.read(3)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    p.wait(timeout=120)
+    assert "Traceback" not in err and "BrokenPipe" not in err, err

@@ -283,7 +283,7 @@ def long_run(model):
     net = getattr(model, "net", None)
     try:
         from shaderlm.engine.generate import Sampling
-        read = lambda: np.asarray(net.dev.read(net.logits, np.float32, 0, VOCAB * 4), np.float32).copy()  # noqa: E731
+        read = lambda: np.asarray(net.dev.read(net.logit_buf, np.float32, 0, VOCAB * 4), np.float32).copy()  # noqa: E731
         ok = gen is not None and net is not None and hasattr(net, "logits") and hasattr(gen, "generate")
     except ImportError:
         ok = False

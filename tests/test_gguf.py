@@ -10,9 +10,17 @@ import pytest
 import gguf
 
 from shaderlm.errors import ModelFormatError, ShaderLMError, UnsupportedError
-from shaderlm.formats.gguf import SUPPORTED_TYPES, GGUFFile
-from shaderlm.synth import PRESETS, tensor_plan, write_synthetic_gguf
+from shaderlm.formats.gguf import GGUFFile
+from shaderlm.models.loading import gguf_args
+from shaderlm.models.transformer import SUPPORTED_TYPES
+from shaderlm.synth import PRESETS, resolve, tensor_plan, write_synthetic_gguf
 from shaderlm import synth
+
+
+def config(path):
+    """(architecture name, args) of a GGUF file, as the loader reads them."""
+    cls, args = gguf_args(GGUFFile(path))
+    return cls.gguf_arch, args
 
 
 # ----------------------------------------------------------------------------------------------- real files
@@ -25,12 +33,12 @@ def test_supported_types():
 def test_smollm2_config(smollm2_path):
     f = GGUFFile(smollm2_path)
     assert f.arch == "llama"
-    c = f.config()
-    assert (c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim) == ("llama", 30, 576, 9, 3, 64)
+    arch, c = config(smollm2_path)
+    assert (arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim) == ("llama", 30, 576, 9, 3, 64)
     assert (c.ffn_dim, c.vocab_size, c.context_length) == (1536, 49152, 8192)
     assert c.rope_base == 100000.0 and c.rope_dim == 64 and c.rope_neox is False and c.rope_scale == 1.0
     assert c.rms_eps == pytest.approx(1e-5)
-    assert c.extra["tied_embeddings"] is True and c.extra["rope_freqs"] is False
+    assert c.tied is True and "rope_freqs.weight" not in f.tensors
     assert c.q_dim == 576 and c.kv_dim == 192
 
 
@@ -71,14 +79,13 @@ def test_smollm2_tensors_and_metadata(smollm2_path):
 
 
 def test_gemma3_config(gemma3_path):
-    c = GGUFFile(gemma3_path).config()
-    assert (c.arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim) == ("gemma3", 18, 640, 4, 1, 256)
+    arch, c = config(gemma3_path)
+    assert (arch, c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim) == ("gemma3", 18, 640, 4, 1, 256)
     assert (c.ffn_dim, c.vocab_size, c.context_length) == (2048, 262144, 32768)
     assert c.rope_neox is True and c.rope_base == 1e6 and c.rms_eps == pytest.approx(1e-6)
-    e = c.extra
-    assert e["sliding_window"] == 512 and e["rope_base_local"] == 10000.0 and e["head_dim_v"] == 256
-    assert e["swa_layers"] == [(i % 6) != 5 for i in range(18)]
-    assert e["qk_norm"] and e["tied_embeddings"] and e["attn_scale"] == pytest.approx(1 / 16)
+    assert c.sliding_window == 512 and c.rope_base_local == 10000.0
+    assert c.swa_layers == [(i % 6) != 5 for i in range(18)]
+    assert c.qk_norm and c.tied and c.attn_scale == pytest.approx(1 / 16)
 
 
 # ------------------------------------------------------------------------------------------ synthetic files
@@ -88,15 +95,15 @@ def test_gemma3_config(gemma3_path):
 def test_synthetic_tiny_roundtrip(synth_gguf, arch):
     path = synth_gguf(preset="tiny", arch=arch)
     f = GGUFFile(path)
-    c = f.config()
+    got, c = config(path)
     p = PRESETS["tiny"]
-    assert (c.arch, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size) == \
+    assert (got, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim, c.vocab_size) == \
         (arch, p["dim"], p["n_heads"], p["n_kv_heads"], p["head_dim"], p["ffn_dim"], p["vocab_size"])
     assert c.rope_neox == (arch != "llama")
-    assert c.extra["attn_bias"] == (arch == "qwen2")
-    assert c.extra["qk_norm"] == (arch in ("qwen3", "gemma3"))
+    assert c.attn_bias == (arch == "qwen2")
+    assert c.qk_norm == (arch in ("qwen3", "gemma3"))
     if arch == "gemma3":
-        assert c.n_layers == 6 and c.extra["swa_layers"] == [True] * 5 + [False]
+        assert c.n_layers == 6 and c.swa_layers == [True] * 5 + [False]
     for t in f.tensors.values():
         w = t.dequantize()
         assert np.isfinite(w).all() and np.abs(w).max() > 0, t.name
@@ -123,8 +130,7 @@ def test_synthetic_types(synth_gguf, quant):
 
 def test_q4_k_m_benchmark_layout():
     # issue 3's yardstick files: Q6_K attn_v/ffn_down/output/token_embd everywhere, Q4_K elsewhere
-    cfg = synth._resolve("llama-3.1-8b", None, {})
-    plan = {name: (shape, t) for name, shape, t in tensor_plan(cfg, "Q4_K_M", None)}
+    plan = {name: (shape, t) for name, shape, t in tensor_plan(resolve("llama-3.1-8b"), "Q4_K_M", None)}
     assert {plan[f"blk.{i}.attn_v.weight"][1] for i in range(32)} == {"Q6_K"}
     assert {plan[f"blk.{i}.ffn_down.weight"][1] for i in range(32)} == {"Q6_K"}
     assert {plan[f"blk.{i}.ffn_up.weight"][1] for i in range(32)} == {"Q4_K"}
@@ -134,8 +140,7 @@ def test_q4_k_m_benchmark_layout():
 
 
 def test_q4_k_m_plan_follows_llama_cpp():
-    cfg = synth._resolve("llama-3.1-8b", None, {})
-    plan = {name: (shape, t) for name, shape, t in tensor_plan(cfg, "Q4_K_M_LCPP", None)}
+    plan = {name: (shape, t) for name, shape, t in tensor_plan(resolve("llama-3.1-8b"), "Q4_K_M_LCPP", None)}
     counts = {}
     for _, t in plan.values():
         counts[t] = counts.get(t, 0) + 1
@@ -147,8 +152,7 @@ def test_q4_k_m_plan_follows_llama_cpp():
     size = sum(synth._n_bytes(s, t) for s, t in plan.values())
     assert 4.85e9 < size < 4.95e9
     # rows that are not a multiple of 256 get llama.cpp's fallbacks; a tied embedding is the output: Q6_K
-    cfg = synth._resolve("smollm2-135m", None, {})
-    plan = {name: t for name, _, t in tensor_plan(cfg, "Q4_K_M_LCPP", None)}
+    plan = {name: t for name, _, t in tensor_plan(resolve("smollm2-135m"), "Q4_K_M_LCPP", None)}
     assert plan["blk.0.attn_q.weight"] == "Q5_0" and plan["blk.0.ffn_down.weight"] == "Q6_K"
     assert plan["blk.0.attn_v.weight"] == "Q8_0" and plan["token_embd.weight"] == "Q8_0"
 
@@ -177,8 +181,8 @@ def test_synthetic_overrides_and_errors(tmp_path):
     p = write_synthetic_gguf(tmp_path / "o.gguf", preset="tiny", n_layers=1, vocab_size=2000, tied=True,
                              quant="Q8_0", embed_type="F16")
     f = GGUFFile(p)
-    c = f.config()
-    assert c.n_layers == 1 and c.vocab_size == 2000 and c.extra["tied_embeddings"]
+    _, c = config(p)
+    assert c.n_layers == 1 and c.vocab_size == 2000 and c.tied
     assert f.tensors["token_embd.weight"].type == "F16" and f.tensors["blk.0.attn_q.weight"].type == "Q8_0"
     assert f.metadata["tokenizer.ggml.tokens"][-1].startswith("<|pad_")
     with pytest.raises(TypeError, match="bogus"):
@@ -201,8 +205,8 @@ def test_synth_cli(tmp_path, capsys):
     out = tmp_path / "cli.gguf"
     assert synth.main(["--preset", "tiny", "--arch", "qwen3", "--quant", "Q5_0", "--set", "n_layers=3",
                        "--out", str(out)]) == 0
-    c = GGUFFile(out).config()
-    assert c.arch == "qwen3" and c.n_layers == 3
+    arch, c = config(out)
+    assert arch == "qwen3" and c.n_layers == 3
     assert "wrote" in capsys.readouterr().err
 
 
@@ -311,7 +315,7 @@ def test_unsupported_tensor_type(tiny_gguf, layout, tmp_path, type_id, expect):
     assert struct.unpack_from("<I", open(tiny_gguf, "rb").read(off + 4), off)[0] == int(t.tensor_type)
     path = _copy(tiny_gguf, tmp_path / "t.gguf", patch={off: struct.pack("<I", type_id)})
     with pytest.raises(UnsupportedError) as ei:
-        GGUFFile(path)
+        GGUFFile(path, types=SUPPORTED_TYPES)
     msg = str(ei.value)
     assert expect in msg and f"'{t.name}'" in msg and path in msg and "Q4_K" in msg
 
@@ -336,14 +340,14 @@ def test_missing_required_key(tmp_path):
     path = _minimal(tmp_path / "k.gguf", skip=("llama.block_count",))
     f = GGUFFile(path)
     with pytest.raises(ModelFormatError) as ei:
-        f.config()
+        config(path)
     assert "'llama.block_count'" in str(ei.value) and path in str(ei.value)
     with pytest.raises(ModelFormatError, match="'general.nothing'"):
         f.require("general.nothing")
     with pytest.raises(ModelFormatError, match="'output.weight'"):
         f.tensor("output.weight")
     # a minimal but complete file works, vocab from token_embd rows
-    c = GGUFFile(_minimal(tmp_path / "ok.gguf")).config()
+    _, c = config(_minimal(tmp_path / "ok.gguf"))
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size) == (1, 32, 4, 4, 8, 10)
 
 
@@ -352,7 +356,7 @@ def test_unsupported_arch(tmp_path):
     f = GGUFFile(path)
     assert f.arch == "mamba"
     with pytest.raises(UnsupportedError) as ei:
-        f.config()
+        config(path)
     msg = str(ei.value)
     assert "'mamba'" in msg and all(a in msg for a in ("llama", "qwen2", "qwen3", "gemma3", "phi3"))
 
@@ -382,16 +386,16 @@ def test_corrupt_header_bytes_never_leak_raw_errors(tiny_gguf, layout, tmp_path)
             data[off] = int(rng.integers(0, 256))
         path.write_bytes(bytes(data))
         try:
-            GGUFFile(path).config()
+            config(path)
         except ShaderLMError:
             pass
 
 
 @pytest.mark.parametrize("arch,neox", [("qwen2", True), ("qwen3", True), ("phi3", True), ("llama", False)])
 def test_minimal_config_per_arch(tmp_path, arch, neox):
-    c = GGUFFile(_minimal(tmp_path / f"{arch}.gguf", arch=arch)).config()
-    assert c.arch == arch and c.rope_neox is neox and c.rope_base == 10000.0 and c.rope_dim == c.head_dim == 8
-    assert c.extra["tied_embeddings"] and c.ffn_dim == 64 and c.context_length == 64
+    got, c = config(_minimal(tmp_path / f"{arch}.gguf", arch=arch))
+    assert got == arch and c.rope_neox is neox and c.rope_base == 10000.0 and c.rope_dim == c.head_dim == 8
+    assert c.tied and c.ffn_dim == 64 and c.context_length == 64
 
 
 def test_rope_scaling_keys(tmp_path):
@@ -407,5 +411,5 @@ def test_rope_scaling_keys(tmp_path):
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
-    c = GGUFFile(tmp_path / "r.gguf").config()
-    assert c.rope_scale == 4.0 and c.extra["rope_scaling_type"] == "linear" and c.extra["rope_freqs"]
+    _, c = config(tmp_path / "r.gguf")
+    assert c.rope_scale == 4.0 and c.rope_scaling["type"] == "linear"

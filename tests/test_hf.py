@@ -27,7 +27,8 @@ import pytest
 
 import shaderlm
 from shaderlm.errors import ModelFormatError, ShaderLMError, UnsupportedError
-from shaderlm.formats.hf import HFCheckpoint, hf_to_gguf_name
+from shaderlm.models import open_model
+from shaderlm.models.loading import hf_name_map
 from shaderlm.formats.quantize import quantize_rows, target_type
 from shaderlm.formats.safetensors import SafetensorsFile
 from shaderlm.synth import write_hf_tokenizer, write_synthetic_hf
@@ -132,10 +133,11 @@ def reference(tr, folder, quant=None, **config_kwargs):
     model = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, **config_kwargs)
     model.eval()
     if quant:
-        arch = HFCheckpoint(folder).arch
+        m = open_model(folder)
+        gguf_name = {h: g for g, h in hf_name_map(m.arch, m.args.n_layers).items()}
         with torch.no_grad():
             for name, p in model.named_parameters():
-                g = hf_to_gguf_name(name, arch)
+                g = gguf_name.get(name)
                 if g is None or p.ndim != 2:
                     continue
                 qt = target_type(g, tuple(p.shape), quant, "F16")
@@ -202,7 +204,7 @@ def test_logits_match_transformers(tr, folders, tmp_path, case, source):
         quant = source.rsplit("-", 1)[1].upper()
         path, load_kw = folder, {"quantize": quant.lower()}
     else:
-        from shaderlm.formats.convert import write_gguf
+        from shaderlm.convert import write_gguf
         qtype = source.split("-", 1)[1]
         quant = qtype if qtype.startswith("Q") else None
         path, load_kw = write_gguf(folder, tmp_path / f"{case}.gguf", qtype), {}
@@ -258,9 +260,9 @@ def test_quantize_q4_k_on_load(tr, tmp_path):
     Q4_K; embedding and head Q8_0), against transformers on the dequantized weights."""
     folder = build_hf_model(tr, tmp_path / "k", "llama", hidden_size=256, intermediate_size=512,
                             num_attention_heads=4, num_key_value_heads=2, head_dim=64)
-    ck = HFCheckpoint(folder, quantize="q4_k")
-    assert ck.tensors["blk.0.attn_q.weight"].type == "Q4_K" and ck.tensors["blk.0.ffn_down.weight"].type == "Q4_K"
-    assert ck.tensors["token_embd.weight"].type == "Q8_0"
+    ts = open_model(folder, quantize="q4_k").source.tensors
+    assert ts["blk.0.attn_q.weight"].type == "Q4_K" and ts["blk.0.ffn_down.weight"].type == "Q4_K"
+    assert ts["token_embd.weight"].type == "Q8_0"
     ref_model = reference(tr, folder, "Q4_K")
     m = shaderlm.load(folder, progress=False, ctx=64, quantize="q4_k")
     for ids in _prompts():
@@ -270,7 +272,7 @@ def test_quantize_q4_k_on_load(tr, tmp_path):
 
 def test_bf16_folder(tr, tmp_path):
     folder = build_hf_model(tr, tmp_path / "bf", "qwen3", dtype="bfloat16")
-    assert HFCheckpoint(folder).tensors["blk.0.attn_q.weight"].type == "BF16"
+    assert open_model(folder).source.tensors["blk.0.attn_q.weight"].type == "BF16"
     ids = _prompts()[2]
     ref = ref_logits(tr, reference(tr, folder), ids)
     assert np.abs(shaderlm.load(folder, progress=False, ctx=64).logits(ids) - ref).max() <= REL_TOL * np.abs(ref).max()
@@ -308,14 +310,14 @@ def test_tokenizer_matches_transformers(tr, tmp_path):
 def test_synthetic_hf_folder_sharded(tmp_path):
     """synth's HF writer: sharded safetensors with an index load, tokenizer.json encodes, and the same
     folder converted to GGUF gives the same logits (Llama: Q/K permuted for llama.cpp's RoPE layout)."""
-    from shaderlm.formats.convert import write_gguf
+    from shaderlm.convert import write_gguf
     folder = write_synthetic_hf(tmp_path / "s", arch="llama", preset="tiny", dtype="F16", shard_bytes=60_000,
                                 rope_freqs=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                 original_context_length=16))
     assert os.path.exists(os.path.join(folder, "model.safetensors.index.json"))
     assert len([n for n in os.listdir(folder) if n.endswith(".safetensors")]) > 2
     a = shaderlm.load(folder, progress=False, ctx=64)
-    assert a.config.rope_neox and a.config.extra["rope_freqs"]
+    assert a.config.rope_neox and "rope_freqs.weight" in a.net.source.tensors
     b = shaderlm.load(write_gguf(folder, tmp_path / "s.gguf", "F16"), progress=False, ctx=64)
     assert not b.config.rope_neox
     ids = a.tokenizer.encode("The quick brown fox jumps over the lazy dog.")
@@ -332,7 +334,7 @@ def test_synthetic_gguf_and_hf_load(synth_gguf, tmp_path, arch):
     h = shaderlm.load(write_synthetic_hf(tmp_path / arch, arch=arch, preset="tiny", dtype="BF16", **kw),
                       progress=False, ctx=64)
     for m in (g, h):
-        assert m.config.arch == arch
+        assert m.arch == arch
         out = m.generate_tokens([5, 6, 7], 4, stop_at_eos=False)
         assert len(out) == 4
         assert np.isfinite(m.logits([5, 6, 7])).all()
@@ -342,8 +344,8 @@ def test_synthetic_gguf_and_hf_load(synth_gguf, tmp_path, arch):
                                            ("qwen2.5-7b", 7.62e9), ("phi3-mini", 3.82e9)])
 def test_full_size_hf_plans(preset, params):
     """Full-size presets have the real parameter counts (checked without writing them)."""
-    from shaderlm.synth import _resolve, hf_tensor_plan
-    n = sum(int(np.prod(s)) for _, s in hf_tensor_plan(_resolve(preset, None, {})))
+    from shaderlm.synth import hf_tensor_plan, resolve
+    n = sum(int(np.prod(s)) for _, s in hf_tensor_plan(resolve(preset)))
     assert abs(n - params) / params < 0.01, n
 
 
@@ -380,7 +382,7 @@ def test_error_no_weights(tmp_path):
     os.remove(os.path.join(folder, "model.safetensors"))
     open(os.path.join(folder, "pytorch_model.bin"), "wb").close()
     with pytest.raises(ModelFormatError, match=r"no \*\.safetensors.*pytorch_model.bin"):
-        HFCheckpoint(folder)
+        open_model(folder)
 
 
 def test_error_truncated_safetensors(tmp_path):
@@ -390,7 +392,7 @@ def test_error_truncated_safetensors(tmp_path):
     with open(p, "r+b") as f:
         f.truncate(size - 100)
     with pytest.raises(ModelFormatError, match="truncated"):
-        HFCheckpoint(folder)
+        open_model(folder)
     with open(p, "r+b") as f:
         f.truncate(5)
     with pytest.raises(ModelFormatError, match="truncated"):
@@ -420,7 +422,7 @@ def test_error_unsupported_dtype(tmp_path):
     with open(p, "wb") as f:
         f.write(struct.pack("<Q", len(head)) + head + rest)
     with pytest.raises(UnsupportedError, match="model.norm.weight.*I16"):
-        HFCheckpoint(folder)
+        open_model(folder)
 
 
 def test_error_unsupported_architecture(tmp_path):
@@ -430,7 +432,7 @@ def test_error_unsupported_architecture(tmp_path):
     cfg["architectures"] = ["MambaForCausalLM"]
     json.dump(cfg, open(cfg_path, "w"))
     with pytest.raises(UnsupportedError) as e:
-        HFCheckpoint(folder)
+        open_model(folder)
     msg = str(e.value)
     assert "MambaForCausalLM" in msg and "LlamaForCausalLM" in msg and "Phi3ForCausalLM" in msg and "\n" not in msg
 
@@ -459,7 +461,7 @@ def test_error_missing_tensor(tmp_path):
 def test_error_quantize_choices(tmp_path, tiny_gguf):
     folder = _folder(tmp_path)
     with pytest.raises(UnsupportedError, match="q8_0, q4_k"):
-        HFCheckpoint(folder, quantize="q2_k")
+        open_model(folder, quantize="q2_k")
     with pytest.raises(ShaderLMError, match="--quantize applies to Hugging Face folders"):
         shaderlm.load(tiny_gguf, progress=False, quantize="q8_0")
 

@@ -35,11 +35,11 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-from shaderlm.formats.quants import QUANT_TYPES  # noqa: E402
 from shaderlm.gpu.device import UNIFORM, Device, get_device, pack_params  # noqa: E402
 from shaderlm.gpu.plan import Plan  # noqa: E402
-from shaderlm.gpu.weights import upload_weight  # noqa: E402
-from shaderlm.kernels import ops  # noqa: E402
+from shaderlm.kernels import gemv, ops  # noqa: E402
+from shaderlm.kernels.quants import QUANT_TYPES  # noqa: E402
+from shaderlm.kernels.weights import upload_weight  # noqa: E402
 
 POISON = np.uint32(0x7FC0DEAD)          # a NaN with a payload: "never written"
 CACHE_POISON = np.uint32(0xDEADBEEF)    # two finite halves, compared bit for bit
@@ -778,7 +778,7 @@ def test_gemv_pair(dev, qa, qb, K, norm_):
     ys = ra + rb + 3
     y0 = poisoned((2, ys))
     yb = dev.upload(y0)
-    ds = ops.gemv_pair(dev, wa, wb, dev.upload(x), yb, y_stride=ys,
+    ds = gemv.gemv_pair(dev, wa, wb, dev.upload(x), yb, y_stride=ys,
                        **(dict(norm=dev.upload(nw), eps=eps) if norm_ else {}))
     assert len(ds) == 1
     run(dev, ds, 1)
@@ -792,7 +792,7 @@ def test_gemv_pair(dev, qa, qb, K, norm_):
 
 
 def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None, x_edit=None):
-    """A decode GEMV from "TYPE[+TYPE] K [glu] [norm]": random weights (a pair: ops.gemv_pair), x and a
+    """A decode GEMV from "TYPE[+TYPE] K [glu] [norm]": random weights (a pair: gemv.gemv_pair), x and a
     norm weight, its dispatches into a poisoned y (not run), and W, the dequantized rows stacked.
     x_edit(x) may change x in place before it is uploaded."""
     rng = np.random.default_rng(seed)
@@ -811,9 +811,9 @@ def gemv_case(dev, case: str, seed: int, int8_x=False, shape=None, x_edit=None):
     yb = dev.upload(poisoned((1, out_rows)))
     kw = dict(norm=dev.upload(nw), eps=eps) if norm_ else {}
     if len(ws) == 2:
-        ds = ops.gemv_pair(dev, ws[0], ws[1], dev.upload(x), yb, y_stride=out_rows, shape=shape, **kw)
+        ds = gemv.gemv_pair(dev, ws[0], ws[1], dev.upload(x), yb, y_stride=out_rows, shape=shape, **kw)
     else:
-        ds = ops.gemv(dev, ws[0], dev.upload(x), yb, y_stride=out_rows, glu=glu_, shape=shape, **kw)
+        ds = gemv.gemv(dev, ws[0], dev.upload(x), yb, y_stride=out_rows, glu=glu_, shape=shape, **kw)
     return SimpleNamespace(ds=ds, yb=yb, x=x, nw=nw, eps=eps, K=K, rows=rows, glu=glu_, norm=norm_,
                            out_rows=out_rows, W=np.concatenate([W for _, W in mats]))
 
@@ -845,7 +845,7 @@ INT_DOT_CASES = ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512", "Q4_
 
 @pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
 def test_gemv_every_tuned_shape(dev, case):
-    """Every shape the autotuner may pick for a decode GEMV (ops.gemv_candidates and their refinements:
+    """Every shape the autotuner may pick for a decode GEMV (gemv.candidates and their refinements:
     workgroup size, rows per workgroup, chunk steps, x24 or f32 x) computes it (the Tunable's
     rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
     c = gemv_case(dev, case, len(case))
@@ -895,17 +895,17 @@ def test_gemv_row_group_candidates(dev):
     pair), each one that gemv.wgsl can build (hoist_ok), groups of 8 rows except with GLU (16 weight
     rows a group), and none where they would leave under 128 workgroups."""
     def weight(name, rows, cols):
-        return SimpleNamespace(qtype=QUANT_TYPES[name], rows=rows, cols=cols, int8_x=False)
+        return SimpleNamespace(qtype=QUANT_TYPES[name], rows=rows, cols=cols, int8_x=False, x24=True)
     for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
                     ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
                     ([weight("Q4_K", 200, 4096)], False)):
-        default = ops.gemv_shape(dev, ws[0], glu) + (1, 1)
-        grouped = [s for s in ops.gemv_candidates(dev, ws, glu, default) if s[3] > 1]
+        default = gemv.default_shape(dev, ws[0], glu)._replace(x24=1, bfly=1)
+        grouped = [s for s in gemv.candidates(dev, ws, glu, default) if s[3] > 1]
         out_rows = sum(w.rows // (1 + glu) for w in ws)
         assert bool(grouped) == (out_rows >= 256), (ws[0].rows, grouped)
         assert any(s[1] == 8 for s in grouped) == (out_rows >= 2048 and not glu), (ws[0].rows, grouped)
         for s in grouped:
-            assert ops.hoist_ok(dev, ws, s) and out_rows >= 128 * s[1] * s[3], s
+            assert gemv.hoist_ok(dev, ws, s) and out_rows >= 128 * s[1] * s[3], s
 
 
 def x24_edit(x):

@@ -14,6 +14,7 @@ import pytest
 import shaderlm
 from shaderlm.errors import ContextFullError
 from shaderlm.gpu.device import Device
+from shaderlm.kernels import compiled
 
 from reference import reference_logits
 
@@ -85,14 +86,12 @@ def test_split_weights_match(synth_gguf):
     path = synth_gguf(seed=1, **CASES["llama-Q4_1"])
     dev = Device()
     dev.max_binding = 4096           # forces row chunks in every matrix and the embedding table
-    m = shaderlm.model.Model.__new__(shaderlm.model.Model)
-    from shaderlm.formats.gguf import GGUFFile
-    from shaderlm.models.llama import Llama
-    g = GGUFFile(path)
-    net = Llama(dev, g, g.config(), ctx=32, batch=16)
-    assert len(net.tok_embd.chunks) > 1 and len(net.layers[0]["down"].chunks) > 1
     from shaderlm.engine.generate import Generator
-    ids = _ids(g.config().vocab_size, 21, 3)
+    from shaderlm.models import open_model
+    m = open_model(path)
+    net = m.arch(dev, m.source, m.args, ctx=32, batch=16)
+    assert len(net.tok_embd.chunks) > 1 and len(net.layers[0].down.chunks) > 1
+    ids = _ids(m.args.vocab_size, 21, 3)
     got = Generator(net).logits(ids)
     ref = reference_logits(path, ids)
     assert np.abs(got - ref).max() <= _tol(ref)
@@ -172,11 +171,11 @@ def test_int8_act_decode(models, name):
 @pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-Q4_1"])
 def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
     """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default
-    (ops.x24_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
+    (kernels/gemv.py x24_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
     builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
     f32 x; here 24 steps with no near-tie allowance)."""
     path, m = models(name, fuse=True)
-    defines = {id(p): dict(k[1]) for k, p in m.device._pipelines.items() if k[0] == "gemv"}
+    defines = {id(p): dict(k[1]) for k, p in compiled(m.device).items() if k[0] == "gemv"}
 
     def x24_flags(model):
         return [defines.get(id(d.pipeline), {}).get("X24") for d in model.net.plan_decode.dispatches
@@ -184,7 +183,7 @@ def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
     assert x24_flags(m) and all(x24_flags(m))
     monkeypatch.setenv("SHADERLM_NO_X24", "1")
     f32 = shaderlm.load(path, progress=False, fuse=True)
-    defines.update({id(p): dict(k[1]) for k, p in f32.device._pipelines.items() if k[0] == "gemv"})
+    defines.update({id(p): dict(k[1]) for k, p in compiled(f32.device).items() if k[0] == "gemv"})
     assert x24_flags(f32) and not any(x24_flags(f32))
     prompt = _ids(m.config.vocab_size, 7, 2)
     assert m.generate_tokens(prompt, 24, stop_at_eos=False) == f32.generate_tokens(prompt, 24, stop_at_eos=False)

@@ -1,40 +1,50 @@
-"""The WGSL preprocessor (shaderlm/kernels/__init__.py) on source text: includes, prefixed includes,
-conditionals and defines, as bench/persistent_gemv.py uses it to build a kernel from the decoders."""
+"""The WGSL preprocessor (shaderlm/kernels/wgsl.py) on small sources of its own: includes (once),
+prefixed includes, conditionals, {{DEFINE}}s and #unroll, and the real kernels it specialises."""
 from __future__ import annotations
 
 import re
 
-from shaderlm.kernels import expand_wgsl, load_wgsl
+import pytest
+
+from shaderlm.kernels import load_wgsl
 
 
-def test_expand_text_includes_prefixes_and_defines():
-    text = "\n".join([
-        "#include quant_common",
-        "#include quant/q4_k",
-        "#include quant_common as B_",
-        "#include quant/q4_k as B_",
-        "#if EXTRA",
-        "const extra: u32 = {{N}}u;",
-        "#else",
-        "const missing: u32 = 0u;",
-        "#endif",
-    ])
-    out = expand_wgsl(text, dict(WIDE=True, INT_DOT=True, X24=True, EXTRA=True, N=7))
-    assert "const extra: u32 = 7u;" in out and "missing" not in out
-    # both decoders present, the second under its prefix and reading its own binding
+def _files(tmp_path, **files):
+    for name, text in files.items():
+        (tmp_path / f"{name}.wgsl").write_text(text)
+    return tmp_path
+
+
+def test_includes_conditionals_defines_and_unroll(tmp_path):
+    root = _files(tmp_path, common="const k: u32 = {{K}}u;\nfn f(x: u32) -> u32 { return x * k; }",
+                  main="\n".join(["#include common", "#include common", "#if EXTRA", "const extra: u32 = {{N}}u;",
+                                  "#else", "const missing: u32 = 0u;", "#endif", "#if !EXTRA", "const no: u32 = 1u;",
+                                  "#endif", "#unroll N j", "let a$j = f($ju);", "#end"]))
+    out = load_wgsl("main", dict(K=3, EXTRA=True, N=2), root)
+    assert out.count("fn f(") == 1                          # included once
+    assert "const k: u32 = 3u;" in out and "const extra: u32 = 2u;" in out
+    assert "missing" not in out and "const no" not in out
+    assert "let a0 = f(0u);" in out and "let a1 = f(1u);" in out and "a2" not in out
+    assert "const missing: u32 = 0u;" in load_wgsl("main", dict(K=3, EXTRA=False, N=2), root)
+    with pytest.raises(KeyError, match="K"):
+        load_wgsl("main", dict(EXTRA=False, N=1), root)
+
+
+def test_prefixed_include_renames_what_it_declares(tmp_path):
+    root = _files(tmp_path, dec="@group(0) @binding(2) var<storage, read> w: array<u32>;\n"
+                                "fn load(i: u32) -> u32 { return w[i] + p.base; }",
+                  main="#include dec\n#include dec as B_\nfn both(i: u32) -> u32 { return load(i) + B_load(i); }")
+    out = load_wgsl("main", {}, root)
+    assert re.search(r"^fn load\(", out, re.M) and re.search(r"^fn B_load\(", out, re.M)
+    b_fn = out[out.index("fn B_load("):]
+    b_fn = b_fn[:b_fn.index("}")]
+    assert "B_w[i]" in b_fn and "B_p.base" in b_fn and not re.search(r"(?<![\w.])w\[", b_fn)
+
+
+def test_gemv_dual_has_both_decoders():
+    """gemv.wgsl's DUAL variant: Q4_K rows and Q6_K rows in one kernel, each through its own decoder."""
+    defines = dict(QUANT="quant/q4_k", QUANT_B="quant/q6_k", DUAL=True, WIDE=True, K=256, NROWS=8, ROW0=0,
+                   DBASE=0, Y_STRIDE=16, EPS=1e-5, NROWS_B=8, ROW0_B=8, DBASE_B=0, WG=32, ROWS=1, STEPS=1,
+                   GROUPS=1, HOIST=False, PF=False, INT_DOT=False, X24=False, SG_BFLY=False, SUBGROUPS=False)
+    out = load_wgsl("gemv", defines)
     assert re.search(r"^fn chunk_load\(", out, re.M) and re.search(r"^fn B_chunk_load\(", out, re.M)
-    b_part = out[out.index("fn B_chunk_load("):]
-    b_fn = b_part[:b_part.index("\n}")]
-    assert "B_w[" in b_fn and not re.search(r"(?<![\w.])w\[", b_fn)
-    # the same file through load_wgsl and through expand_wgsl gives the same text
-    src = "#include quant/q4_k"
-    assert expand_wgsl(src, dict(WIDE=True)).strip() == load_wgsl("quant/q4_k", dict(WIDE=True)).strip()
-
-
-def test_prefixed_include_with_its_own_defines():
-    """`#include NAME as P with K=V`: the copy's conditionals and {{K}} take V, the kernel's own
-    include keeps the kernel's value."""
-    out = expand_wgsl("#include reduce\n#include reduce as R_ with WG=64", dict(WG=128))
-    assert re.search(r"^var<workgroup> red_buf: array<f32, 128>;", out, re.M)
-    assert re.search(r"^var<workgroup> R_red_buf: array<f32, 64>;", out, re.M)
-    assert "R_wg_sum" in out and "for (var s = 64u / 2u;" in out and "for (var s = 128u / 2u;" in out

@@ -17,10 +17,10 @@ gguf = pytest.importorskip("gguf")
 from gguf import GGMLQuantizationType as GT  # noqa: E402
 from gguf import quants as gq  # noqa: E402
 
-from shaderlm.formats.quants import QUANT_TYPES, gpu_layout, row_chunks  # noqa: E402
 from shaderlm.gpu import get_device  # noqa: E402
-from shaderlm.gpu.weights import upload_weight  # noqa: E402
-from shaderlm.kernels import KERNEL_DIR, ops  # noqa: E402
+from shaderlm.kernels import KERNEL_DIR  # noqa: E402
+from shaderlm.kernels.quants import QUANT_TYPES, gpu_layout, row_chunks  # noqa: E402
+from shaderlm.kernels.weights import dequantize, upload_weight  # noqa: E402
 
 ALL = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"]
 EXACT = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q5_0", "Q6_K"}
@@ -102,7 +102,7 @@ def offset_term(name: str, raw: np.ndarray, cols: int) -> np.ndarray:
 def check(dev, name: str, raw: np.ndarray, rows: int, cols: int, max_binding=None):
     ref = reference(name, raw, cols)
     wt = upload_weight(dev, "t", name, (rows, cols), raw.reshape(-1), max_binding=max_binding)
-    got = ops.dequantize(dev, wt)
+    got = dequantize(dev, wt)
     assert got.shape == ref.shape
     assert np.isfinite(ref).all()
     if name in EXACT:

@@ -87,7 +87,7 @@ def test_rope_freqs_tensor_is_used(synth_gguf):
     plain = synth_gguf(preset="tiny")
     scaled = synth_gguf(preset="tiny", rope_freqs=dict(factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                                                        original_context_length=16))
-    assert GGUFFile(scaled).config().extra["rope_freqs"]
+    assert "rope_freqs.weight" in GGUFFile(scaled).tensors
     a, b = reference_logits(plain, PROMPT), reference_logits(scaled, PROMPT)
     np.testing.assert_allclose(a[0], b[0], atol=1e-5)         # position 0 is never rotated
     assert np.abs(a[1:] - b[1:]).max() > 1e-4
@@ -135,7 +135,7 @@ def hf():
 def test_tiny_against_transformers(hf, synth_gguf, arch, quant):
     path = synth_gguf(preset="tiny", arch=arch, quant=quant)
     ids = list(range(3, 23))             # 20 tokens: longer than the gemma3 tiny sliding window (8)
-    hd = GGUFFile(path).config().head_dim
+    hd = load_reference(path).cfg.head_dim
     # transformers does not read these from GGUF: Qwen3's head_dim (it defaults to 128) and Gemma 3's
     # query_pre_attn_scalar (default 256, which equals head_dim in real Gemma 3 models)
     kwargs = {"qwen3": {"head_dim": hd}, "gemma3": {"query_pre_attn_scalar": hd}}.get(arch, {})

@@ -16,8 +16,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ContextFullError
-from ..gpu.backend import BufferUsage
-from ..kernels import ops
+from .runner import Runner
 
 
 @dataclass
@@ -49,19 +48,14 @@ class Stats:
 
 
 class Generator:
-    def __init__(self, model, tokens_per_submit: int = 8, batches_in_flight: int = 2):
-        self.m = model
-        self.dev = model.dev
+    def __init__(self, runner: Runner, tokens_per_submit: int = 8, batches_in_flight: int = 2):
+        self.m = runner
         self.k = max(1, tokens_per_submit)
         self.history: list[int] = []      # tokens whose K/V are in the cache, in order
-        self._sampling = None
         self.stats = Stats()
         self.depth = max(1, batches_in_flight)
-        # readback buffers: one per batch in flight, one for the batch being encoded (used in turn)
-        self._staging = [self.dev.device.create_buffer(size=4 * self.k, usage=BufferUsage.MAP_READ
-                                                       | BufferUsage.COPY_DST)
-                         for _ in range(self.depth + 1)]
-        self._slot = 0
+        # one readback per batch in flight, one for the batch being recorded
+        runner.prepare_decode(self.k, self.depth + 1)
 
     @property
     def ctx(self):
@@ -69,20 +63,6 @@ class Generator:
 
     def reset(self):
         self.history = []
-
-    def _set_sampling(self, s: Sampling):
-        key = (s.temperature, s.top_k, s.top_p, s.seed)
-        if key != self._sampling:
-            vals = ops.sample_params(self.m.cfg.vocab_size, s.temperature, s.top_k, s.top_p, s.seed)
-            from ..gpu.device import pack_params
-            self.dev.write(self.m.sample_params, pack_params(*vals))
-            self._sampling = key
-
-    def _write_tokens(self, pos: int, ids):
-        self.dev.write(self.m.tokens, np.asarray(ids, np.uint32), offset=4 * pos)
-
-    def _read_tokens(self, pos: int, n: int) -> list[int]:
-        return self.dev.read(self.m.tokens, np.uint32, offset=4 * pos, size=4 * n).tolist()
 
     def _common_prefix(self, ids) -> int:
         n = 0
@@ -92,43 +72,16 @@ class Generator:
             n += 1
         return min(n, len(ids) - 1)      # always run at least one token to get fresh logits
 
-    def _prefill(self, ids, pos0: int, sample: bool):
-        m, B = self.m, self.m.batch
-        self._write_tokens(pos0, ids)
-        for s in range(0, len(ids), B):
-            n = min(B, len(ids) - s)
-            last = s + n == len(ids)
-            with_sample = last and sample
-            m.set_state(pos0 + s, n, n - 1 if with_sample else 0)
-            m.prefill_plan(n, with_sample).run(n)
-            self.stats.submits += 1
-
-    def _encode_batch(self, pos: int, k: int):
-        """A command buffer feeding the token at `pos` and sampling k more, their ids copied to the
-        next readback buffer. The state write is queued now and lands after whatever is already
-        submitted, right before this batch."""
+    def _record(self, pos: int, k: int):
+        """A batch feeding the token at `pos` and sampling k more, recorded while the GPU runs."""
         t0 = time.perf_counter()
-        self._slot = (self._slot + 1) % len(self._staging)
-        staging = self._staging[self._slot]
-        self.m.set_state(pos, 1, 0)
-        copy = lambda enc: enc.copy_buffer_to_buffer(self.m.tokens, 4 * (pos + 1), staging, 0, 4 * k)  # noqa: E731
-        cb = self.m.plan_decode.record(1, repeat=k, then=copy)
+        batch = self.m.record_decode(pos, k)
         self.stats.encode_s += time.perf_counter() - t0
-        return pos, k, cb, staging
+        return pos, k, batch
 
     def logits(self, ids) -> np.ndarray:
         """Logits for every position of `ids` (a fresh sequence), shape (len, vocab)."""
-        m, V = self.m, self.m.cfg.vocab_size
-        if len(ids) > self.ctx:
-            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.ctx}")
-        self._write_tokens(0, ids)
-        out = np.empty((len(ids), V), np.float32)
-        R = m.logit_rows
-        for s in range(0, len(ids), R):
-            n = min(R, len(ids) - s)
-            m.set_state(s, n, 0)
-            m.plan_logits.run(n)
-            out[s:s + n] = self.dev.read(m.logits, np.float32, 0, n * V * 4).reshape(n, V)
+        out = self.m.logits(list(ids))
         self.history = list(ids)
         return out
 
@@ -142,19 +95,19 @@ class Generator:
         if len(prompt_ids) > self.ctx:
             raise ContextFullError(f"prompt of {len(prompt_ids)} tokens does not fit the context of "
                                    f"{self.ctx} tokens (use --ctx to raise it, up to the model's "
-                                   f"{self.m.cfg.context_length})")
+                                   f"{self.m.context_length})")
         self.stats = st = Stats(prompt_tokens=len(prompt_ids))
-        self._set_sampling(sampling)
+        self.m.set_sampling(sampling.temperature, sampling.top_k, sampling.top_p, sampling.seed)
         reuse = self._common_prefix(prompt_ids) if keep_history else 0
         seq = prompt_ids[:]                        # prompt + generated; positions < pos are in the cache
         pos = len(prompt_ids)                      # where the next sampled token sits (not yet fed)
         t0 = time.perf_counter()
         try:
-            self._prefill(prompt_ids[reuse:], reuse, sample=True)
+            st.submits += self.m.prefill(prompt_ids[reuse:], reuse, sample=True)
             if max_tokens <= 0:
                 st.stop_reason = "length"
                 return
-            pending = self._read_tokens(pos, 1)
+            pending = self.m.read_tokens(pos, 1)
             st.prompt_s = time.perf_counter() - t0
             t1 = time.perf_counter()
             st.decode_tokens = 1
@@ -168,8 +121,7 @@ class Generator:
             def encode_next():
                 # sizes 1, 2, 4, ... up to k: the first batch is encoded while the GPU is idle (a
                 # 1B step encodes in about 0.3 ms), later ones while earlier ones run
-                return self._encode_batch(end, min(self.k, 1 << (st.submits - n0), last - end,
-                                                   self.ctx - end))
+                return self._record(end, min(self.k, 1 << (st.submits - n0), last - end, self.ctx - end))
             while True:
                 for tok in pending:
                     if tok in stop_ids:
@@ -187,15 +139,16 @@ class Generator:
                 # a batch feeding the token at q samples q+1 .. q+k (k <= ctx - q: cache slots)
                 while len(inflight) < self.depth and end < min(last, self.ctx):
                     ahead = ahead or encode_next()
-                    inflight.append(ahead + (self.dev.submit([ahead[2]]),))
+                    self.m.submit_decode(ahead[2])
+                    inflight.append(ahead)
                     st.submits += 1
                     end += ahead[1]
                     ahead = None
                 # while the GPU runs them, encode the next
                 if end < min(last, self.ctx):
                     ahead = encode_next()
-                q, k, _, staging, index = inflight.popleft()
-                pending = np.frombuffer(self.dev.read_after(staging, index, 4 * k), np.uint32).tolist()
+                q, k, batch = inflight.popleft()
+                pending = self.m.decoded_tokens(batch)
                 st.decode_tokens += k
                 pos = q + k
                 st.decode_s = time.perf_counter() - t1

@@ -1,4 +1,4 @@
-"""GGUF model files: memory-mapped loading, validation with actionable errors, and ModelConfig extraction.
+"""GGUF model files: memory-mapped loading and validation with actionable errors, and writing.
 
 The tensor data is never read into RAM here: every ``TensorInfo.data`` is a uint8 view into the file's
 memory map.  Parsing is done by ``gguf.GGUFReader`` (gguf-py from llama.cpp), sped up for the large
@@ -20,27 +20,11 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ModelFormatError, UnsupportedError
-from ..models.config import ModelConfig
 from .source import ModelSource
 
-__all__ = [
-    "SUPPORTED_TYPES",
-    "SUPPORTED_ARCHS",
-    "TensorInfo",
-    "GGUFFile",
-    "load_config",
-]
+__all__ = ["TensorInfo", "GGUFFile", "write_tensor_data"]
 
-SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
-SUPPORTED_ARCHS = ("llama", "qwen2", "qwen3", "gemma3", "phi3")
 SUPPORTED_VERSIONS = (2, 3)
-
-# llama.cpp's rope type per architecture: NORM rotates pairs (2i, 2i+1), NEOX rotates (i, i + d/2).
-_ROPE_NEOX = {"llama": False, "qwen2": True, "qwen3": True, "gemma3": True, "phi3": True}
-_DEFAULT_RMS_EPS = {"gemma3": 1e-6}
-_GEMMA3_SWA_PATTERN = 6          # llama.cpp: every 6th layer is global, the other five use the sliding window
-_GEMMA3_LOCAL_ROPE_BASE = 10000.0
-
 _MAX_DIMS = 4                    # GGML_MAX_DIMS
 _DEFAULT_ALIGNMENT = 32
 
@@ -197,17 +181,17 @@ def _fmt_size(n: int) -> str:
 
 
 def _check_tensor(path: str, name: str, type_id: int, np_shape: tuple[int, ...], abs_offset: int,
-                  rel_offset: int, alignment: int, file_size: int, strict: bool) -> int:
-    """Validate one tensor's type, shape and extent; return its byte size."""
+                  rel_offset: int, alignment: int, file_size: int, types) -> int:
+    """Validate one tensor's type (one of `types` unless None), shape and extent; return its byte size."""
     tname = _type_name(type_id)
     if tname is None:
         raise UnsupportedError(
             f"{path}: tensor '{name}' has unknown ggml type id {type_id} (a corrupt file, or a type newer than "
-            f"this gguf library); supported types: {', '.join(SUPPORTED_TYPES)}")
-    if strict and tname not in SUPPORTED_TYPES:
+            f"this gguf library)" + (f"; supported types: {', '.join(types)}" if types else ""))
+    if types is not None and tname not in types:
         raise UnsupportedError(
             f"{path}: tensor '{name}' has type {tname}, which shaderlm does not support; "
-            f"supported types: {', '.join(SUPPORTED_TYPES)} (re-quantize the model, e.g. to Q4_K_M or Q8_0)")
+            f"supported types: {', '.join(types)} (re-quantize the model, e.g. to Q4_K_M or Q8_0)")
     if len(np_shape) > _MAX_DIMS or len(np_shape) == 0:
         raise ModelFormatError(f"{path}: tensor '{name}' has {len(np_shape)} dimensions (GGUF allows 1 to {_MAX_DIMS})")
     block, tsize = GGML_QUANT_SIZES[GGMLQuantizationType(type_id)]
@@ -269,17 +253,17 @@ def _check_prefix(path: str, size: int, head: bytes) -> None:
                                f"the GGUF header needs 24)")
 
 
-def _diagnose(path: str, size: int, strict: bool) -> None:
+def _diagnose(path: str, size: int, types) -> None:
     """Walk the file's structure with bounds checks and raise a precise error for the first problem found.
 
     Only called after GGUFReader failed; returns normally if it finds nothing wrong.
     """
     with open(path, "rb") as f:
         with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-            _walk(path, mm, size, strict)
+            _walk(path, mm, size, types)
 
 
-def _walk(path: str, buf, size: int, strict: bool) -> None:
+def _walk(path: str, buf, size: int, types) -> None:
     pos = 0
 
     def take(n: int, what: str) -> int:
@@ -377,7 +361,7 @@ def _walk(path: str, buf, size: int, strict: bool) -> None:
             f"at least {_fmt_size(t.need)} needed; an incomplete download?)") from None
     data_start = pos + (-pos % alignment)
     for name, type_id, shape, rel in infos:
-        _check_tensor(path, name, type_id, shape, data_start + rel, rel, alignment, size, strict)
+        _check_tensor(path, name, type_id, shape, data_start + rel, rel, alignment, size, types)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -412,9 +396,6 @@ def _field_value(field, reader) -> Any:
     return v.item()
 
 
-_MISSING = object()
-
-
 # ----------------------------------------------------------------------------------------------------------
 # the file
 
@@ -424,16 +405,16 @@ class GGUFFile(ModelSource):
 
     ``metadata`` maps keys to python values (strings, ints, floats, bools; string arrays as ``list[str]``,
     numeric arrays as numpy arrays).  ``tensors`` maps tensor names to :class:`TensorInfo` in file order.
-    With ``strict`` (the default) a tensor of a type outside :data:`SUPPORTED_TYPES` raises UnsupportedError.
+    With ``types`` (tensor type names) a tensor of any other type raises UnsupportedError naming it.
     """
 
-    def __init__(self, path: str | os.PathLike, strict: bool = True):
+    def __init__(self, path: str | os.PathLike, types=None):
         self.path = os.fspath(path)
         size, head = _read_prefix(self.path)
         self.file_size = size
         _check_prefix(self.path, size, head)
         self.version = struct.unpack_from("<I", head, 4)[0]
-        reader = self._open_reader(strict)
+        reader = self._open_reader(types)
         self._reader = reader
         self.alignment = int(reader.alignment)
         self.data_offset = int(reader.data_offset)
@@ -453,7 +434,7 @@ class GGUFFile(ModelSource):
             np_shape = tuple(int(d) for d in reversed(t.shape.tolist()))
             rel = int(t.field.parts[5][0]) if len(t.field.parts) > 5 else int(t.data_offset) - self.data_offset
             n_bytes = _check_tensor(self.path, t.name, int(t.tensor_type), np_shape, int(t.data_offset), rel,
-                                    self.alignment, size, strict)
+                                    self.alignment, size, types)
             off = int(t.data_offset)
             self.tensors[t.name] = TensorInfo(
                 name=t.name, type=GGMLQuantizationType(int(t.tensor_type)).name, shape=np_shape,
@@ -464,11 +445,11 @@ class GGUFFile(ModelSource):
             raise ModelFormatError(f"{self.path}: required metadata key 'general.architecture' is missing")
         self.arch: str = arch
 
-    def _open_reader(self, strict: bool):
+    def _open_reader(self, types):
         try:
             return _FastReader(self.path)
         except Exception as first:  # noqa: BLE001 - GGUFReader raises ValueError, IndexError, KeyError, ...
-            _diagnose(self.path, self.file_size, strict)
+            _diagnose(self.path, self.file_size, types)
             try:   # the walker found nothing: maybe our reader speed-up disagrees with this gguf version
                 return gguf.GGUFReader(self.path)
             except Exception:  # noqa: BLE001
@@ -486,149 +467,6 @@ class GGUFFile(ModelSource):
 
     def __exit__(self, *exc):
         self.close()
-
-    # -- config ----------------------------------------------------------------------------------------
-
-    def _int(self, key: str, default: Any = _MISSING) -> Any:
-        v = self.metadata.get(key, _MISSING)
-        if v is _MISSING:
-            if default is _MISSING:
-                self.require(key)
-            return default
-        if isinstance(v, np.ndarray):
-            vals = set(int(x) for x in v.tolist())
-            if len(vals) == 1:
-                return vals.pop()
-            raise UnsupportedError(f"{self.path}: metadata key '{key}' varies per layer ({sorted(vals)}); "
-                                   f"shaderlm supports only uniform layers")
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelFormatError(f"{self.path}: metadata key '{key}' should be a number, got {v!r}")
-        return int(v)
-
-    def _float(self, key: str, default: Any = _MISSING) -> Any:
-        v = self.metadata.get(key, _MISSING)
-        if v is _MISSING:
-            if default is _MISSING:
-                self.require(key)
-            return default
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ModelFormatError(f"{self.path}: metadata key '{key}' should be a number, got {v!r}")
-        return float(v)
-
-    def config(self) -> ModelConfig:
-        a = self.arch
-        if a not in SUPPORTED_ARCHS:
-            raise UnsupportedError(
-                f"{self.path}: architecture '{a}' is not supported; supported: {', '.join(SUPPORTED_ARCHS)}")
-        n_layers = self._int(f"{a}.block_count")
-        dim = self._int(f"{a}.embedding_length")
-        n_heads = self._int(f"{a}.attention.head_count")
-        n_kv = self._int(f"{a}.attention.head_count_kv", n_heads)
-        ctx = self._int(f"{a}.context_length")
-        if min(n_layers, dim, n_heads, n_kv, ctx) <= 0:
-            raise ModelFormatError(f"{self.path}: non-positive model size in metadata (block_count={n_layers}, "
-                                   f"embedding_length={dim}, head_count={n_heads}, head_count_kv={n_kv}, "
-                                   f"context_length={ctx})")
-        if n_heads % n_kv:
-            raise ModelFormatError(f"{self.path}: {a}.attention.head_count ({n_heads}) is not a multiple of "
-                                   f"{a}.attention.head_count_kv ({n_kv})")
-        head_dim = self._int(f"{a}.attention.key_length", 0) or dim // n_heads
-        head_dim_v = self._int(f"{a}.attention.value_length", 0) or head_dim
-
-        ffn = self._int(f"{a}.feed_forward_length", 0)
-        if not ffn:
-            t = self.tensors.get("blk.0.ffn_gate.weight") or self.tensors.get("blk.0.ffn_up.weight")
-            if t is None:
-                self.require(f"{a}.feed_forward_length")
-            ffn = t.shape[0] // (2 if a == "phi3" and "blk.0.ffn_gate.weight" not in self.tensors else 1)
-
-        emb = self.tensors.get("token_embd.weight")
-        tokens = self.metadata.get("tokenizer.ggml.tokens")
-        vocab = self._int(f"{a}.vocab_size", 0)
-        if not vocab and isinstance(tokens, list) and tokens:
-            vocab = len(tokens)
-        if not vocab and emb is not None:
-            vocab = emb.shape[0]
-        if not vocab:
-            self.require(f"{a}.vocab_size")
-        if emb is not None and emb.shape != (vocab, dim):
-            raise ModelFormatError(f"{self.path}: tensor 'token_embd.weight' has shape {emb.shape}, expected "
-                                   f"(vocab_size={vocab}, embedding_length={dim})")
-
-        rms_eps = self._float(f"{a}.attention.layer_norm_rms_epsilon", _DEFAULT_RMS_EPS.get(a, 1e-5))
-        rope_base = self._float(f"{a}.rope.freq_base", 10000.0)
-        rope_dim = self._int(f"{a}.rope.dimension_count", 0) or head_dim
-        if rope_dim > head_dim or rope_dim % 2:
-            raise ModelFormatError(f"{self.path}: {a}.rope.dimension_count ({rope_dim}) must be even and at most "
-                                   f"the head size ({head_dim})")
-
-        extra: dict[str, Any] = {
-            "head_dim_v": head_dim_v,
-            "tied_embeddings": "output.weight" not in self.tensors,
-            "rope_freqs": "rope_freqs.weight" in self.tensors,
-            "attn_bias": "blk.0.attn_q.bias" in self.tensors or "blk.0.attn_qkv.bias" in self.tensors,
-            "qk_norm": "blk.0.attn_q_norm.weight" in self.tensors,
-        }
-        scaling = {k[len(f"{a}.rope.scaling."):]: v for k, v in self.metadata.items()
-                   if k.startswith(f"{a}.rope.scaling.")}
-        rope_scale = 1.0
-        stype = scaling.get("type")
-        if stype is not None:
-            extra["rope_scaling_type"] = stype
-        if scaling:                     # Phi-3 writes attn_factor / original_context_length without a type
-            extra["rope_scaling"] = scaling
-        if stype == "linear":
-            rope_scale = float(scaling.get("factor", 1.0)) or 1.0
-        elif stype is None and f"{a}.rope.scale_linear" in self.metadata:   # pre-2024 key
-            rope_scale = self._float(f"{a}.rope.scale_linear")
-        elif stype not in (None, "none", "linear"):
-            extra["rope_scaling_factor"] = float(scaling.get("factor", 1.0))
-
-        if a == "gemma3":
-            window = self._int(f"{a}.attention.sliding_window", 0)
-            pattern = self.metadata.get(f"{a}.attention.sliding_window_pattern", _GEMMA3_SWA_PATTERN)
-            if isinstance(pattern, (list, np.ndarray)):           # per-layer flags
-                swa_layers = [bool(x) for x in list(pattern)][:n_layers]
-                pattern_n = 0
-            else:
-                pattern_n = int(pattern)
-                swa_layers = [bool(window) and pattern_n > 0 and (i % pattern_n) < pattern_n - 1
-                              for i in range(n_layers)]
-            extra.update({
-                "sliding_window": window,
-                "sliding_window_pattern": pattern_n,
-                "swa_layers": swa_layers,
-                "rope_base_local": _GEMMA3_LOCAL_ROPE_BASE,
-                "embed_scale": math.sqrt(dim),
-                # llama.cpp: Gemma 3 27B scales queries by 1/sqrt(dim/n_heads), the others by 1/sqrt(head_dim)
-                "attn_scale": 1.0 / math.sqrt(dim / n_heads if n_layers == 62 else head_dim),
-                "post_norms": True,
-                "ffn_act": "gelu_tanh",
-            })
-            for key, name in ((f"{a}.final_logit_softcapping", "final_logit_softcap"),
-                              (f"{a}.attn_logit_softcapping", "attn_logit_softcap")):
-                if key in self.metadata:
-                    extra[name] = self._float(key)
-        elif a == "phi3":
-            extra["fused_qkv"] = "blk.0.attn_qkv.weight" in self.tensors
-            extra["fused_gate_up"] = "blk.0.ffn_gate.weight" not in self.tensors
-            window = self._int(f"{a}.attention.sliding_window", 0)
-            if window:
-                extra["sliding_window"] = window
-            extra["rope_factors"] = "rope_factors_long.weight" in self.tensors
-        if a != "gemma3":
-            extra.setdefault("ffn_act", "silu")
-
-        name = self.metadata.get("general.name") or self.metadata.get("general.basename") \
-            or os.path.splitext(os.path.basename(self.path))[0]
-        return ModelConfig(
-            arch=a, n_layers=n_layers, dim=dim, n_heads=n_heads, n_kv_heads=n_kv, head_dim=head_dim,
-            ffn_dim=ffn, vocab_size=vocab, context_length=ctx, rms_eps=rms_eps, rope_base=rope_base,
-            rope_dim=rope_dim, rope_neox=_ROPE_NEOX[a], rope_scale=rope_scale, name=str(name), extra=extra)
-
-
-def load_config(path: str | os.PathLike) -> ModelConfig:
-    return GGUFFile(path).config()
 
 
 def write_tensor_data(writer, tensors, total: int, progress=None) -> None:

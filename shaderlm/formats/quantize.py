@@ -17,7 +17,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from ..errors import UnsupportedError
 
-__all__ = ["QUANTIZE_TYPES", "OUT_TYPES", "target_type", "quantize_rows", "encode_rows", "n_bytes"]
+__all__ = ["QUANTIZE_TYPES", "OUT_TYPES", "target_type", "quantize_rows", "encode_rows", "n_bytes", "rows_f32"]
 
 QUANTIZE_TYPES = ("Q8_0", "Q4_K")                       # --quantize choices
 OUT_TYPES = ("F32", "F16", "BF16") + QUANTIZE_TYPES     # what encode_rows can write
@@ -111,3 +111,18 @@ def encode_rows(rows_f32, n_rows: int, row_len: int, qtype: str) -> Iterator[np.
     for r0 in range(0, n_rows, step):
         r1 = min(n_rows, r0 + step)
         yield quantize_rows(rows_f32(r0, r1).reshape(r1 - r0, row_len), qtype)
+
+
+def rows_f32(st):
+    """A function (r0, r1) -> float32 rows of a 2-D safetensors tensor (F32, F16 or BF16), read from the map."""
+    cols = st.shape[-1] if st.shape else 1
+    per = {"F32": 4, "F16": 2, "BF16": 2}[st.dtype]
+
+    def rows(r0, r1):
+        raw = st.data[r0 * cols * per: r1 * cols * per]
+        if st.dtype == "F32":
+            return raw.view(np.float32)
+        if st.dtype == "F16":
+            return raw.view(np.float16).astype(np.float32)
+        return (raw.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    return rows

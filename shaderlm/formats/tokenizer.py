@@ -280,23 +280,6 @@ _EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
               "<\uff5cend\u2581of\u2581sentence\uff5c>", "[e~[")
 
-# A fallback chat template for Gemma GGUFs that carry none (the format Google documents for Gemma 3:
-# the system prompt is folded into the first user turn, the assistant role is called "model").
-_GEMMA_TEMPLATE = (
-    "{{ bos_token }}"
-    "{% set ns = namespace(prefix='') %}"
-    "{% set msgs = messages %}"
-    "{% if messages and messages[0]['role'] == 'system' %}"
-    "{% set ns.prefix = messages[0]['content'] + '\n\n' %}{% set msgs = messages[1:] %}"
-    "{% endif %}"
-    "{% for m in msgs %}"
-    "{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
-    "{{ '<start_of_turn>' + role + '\n' }}"
-    "{% if loop.first %}{{ ns.prefix }}{% endif %}"
-    "{{ m['content'] | trim }}{{ '<end_of_turn>\n' }}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}{{ '<start_of_turn>model\n' }}{% endif %}"
-)
 _CHATML_TEMPLATE = (
     "{% for m in messages %}{{ '<|im_start|>' + m['role'] + '\n' + m['content'] + '<|im_end|>\n' }}"
     "{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
@@ -313,6 +296,7 @@ class Tokenizer:
         self.kind: str = ""
         self.pre: str | None = None
         self.arch: str | None = None
+        self.fallback_template: str | None = None    # the architecture's chat format, where the file has none
         self.tokens: list[str] = []
         self.token_types: list[int] = []
         self.scores: np.ndarray | None = None
@@ -657,10 +641,9 @@ class Tokenizer:
 
     # ---- chat ----------------------------------------------------------------------------------
     def default_chat_template(self) -> str:
-        """The template used when the GGUF has no ``tokenizer.chat_template``."""
-        if (self.arch or "").startswith("gemma") or "<start_of_turn>" in self._token_to_id:
-            return _GEMMA_TEMPLATE
-        return _CHATML_TEMPLATE  # llama.cpp's fallback too
+        """The template used when the model has no ``tokenizer.chat_template``: its architecture's
+        (``fallback_template``, set by the loader), else ChatML, as in llama.cpp."""
+        return self.fallback_template or _CHATML_TEMPLATE
 
     def _environment(self):
         if self._chat_env is None:
@@ -690,7 +673,7 @@ class Tokenizer:
                             template: str | None = None, **kwargs: Any) -> str:
         """Render ``messages`` (dicts with "role" and "content") with the chat template (jinja2, sandboxed,
         as Hugging Face transformers renders it).  ``template`` overrides the GGUF's; without either a
-        built-in one is used (Gemma's format for Gemma vocabularies, else ChatML).  Extra keyword
+        built-in one is used (default_chat_template).  Extra keyword
         arguments (tools, ...) are passed to the template."""
         import jinja2
 

@@ -4,9 +4,10 @@ wgpu-py (wgpu-native) is the default; SHADERLM_WEBGPU=<module> selects another p
 API (for example a Dawn build). Everything else in shaderlm imports `wgpu` from here.
 """
 import importlib
-import os
 
-wgpu = importlib.import_module(os.environ.get("SHADERLM_WEBGPU", "wgpu"))
+from ..options import webgpu_module
+
+wgpu = importlib.import_module(webgpu_module())
 
 BufferUsage = wgpu.BufferUsage
 MapMode = wgpu.MapMode
@@ -27,8 +28,8 @@ def native_api():
 def raw_compute_calls():
     """(set_pipeline, set_bind_group, dispatch, NULL) straight from wgpu-native's C API, or None.
 
-    Encoding through wgpu-py's checked wrappers costs ~5 us a dispatch; the raw cffi calls ~0.6 us,
-    which matters when a decode step is a few hundred dispatches."""
+    wgpu-py's checked wrappers cost several times more a dispatch than the raw cffi calls, which
+    matters when a decode step is a few hundred dispatches."""
     api = native_api()
     if api is None:
         return None
@@ -48,9 +49,9 @@ class IndexedSubmission:
 
     wgpu-py's map_sync resolves through its poll thread, which waits (wgpuDevicePoll with no index)
     until *every* queued submission is done: the decode loop, mapping the oldest of two queued
-    batches, waited for both and left the GPU idle until its next submit (2-4% of decode on an H200,
-    bench/decode_loop.py). Here this thread maps the buffer and fires the callback by polling for the
-    one submission that wrote it, so the batch behind that one keeps running."""
+    batches, waited for both and left the GPU idle until its next submit. Here this thread maps the
+    buffer and fires the callback by polling for the one submission that wrote it, so the batch
+    behind that one keeps running."""
 
     def __init__(self, device, ffi, lib, libf):
         self._ffi, self._lib, self._libf = ffi, lib, libf

@@ -1,4 +1,8 @@
-"""GPU device: adapter choice, features and limits, buffers, pipelines (WGSL with a tiny preprocessor)."""
+"""A GPU device: adapter choice, features and limits, buffers, and compute pipelines from WGSL text.
+
+This layer knows no kernel, format or model: kernels/ turns its WGSL files into text and asks for
+pipelines here.
+"""
 from __future__ import annotations
 
 import os
@@ -10,12 +14,11 @@ import numpy as np
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI complains when unset
 
 from ..errors import DeviceError  # noqa: E402
-from ..kernels import load_wgsl  # noqa: E402
-from . import autotune  # noqa: E402
 from .backend import BufferUsage, MapMode, indexed_submission, wgpu  # noqa: E402
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
 UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
+READBACK = BufferUsage.MAP_READ | BufferUsage.COPY_DST
 
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes",
                      "timestamp-query-inside-encoders")
@@ -28,6 +31,15 @@ WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-stor
 NO_ADAPTER_HELP = ("no WebGPU adapter found. Install a Vulkan driver: on Debian/Ubuntu "
                    "`apt-get install mesa-vulkan-drivers` (software lavapipe, or Mesa's AMD/Intel drivers), "
                    "the NVIDIA driver with its Vulkan ICD, or run on macOS (Metal) / Windows (D3D12).")
+
+# Which subgroup size the driver picks for a 64-wide workgroup (it may differ from the adapter's range).
+_SUBGROUP_PROBE = """
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_size) sgs: u32) {
+    if (li == 0u) { out[0] = sgs; }
+}
+"""
 
 
 def list_adapters():
@@ -62,19 +74,14 @@ def _pick_adapter(spec: str | None):
 
 
 class Device:
-    """A wgpu device with the adapter's real limits, plus helpers every kernel wrapper uses."""
+    """A wgpu device with the adapter's real limits, plus the helpers every kernel wrapper uses."""
 
-    def __init__(self, spec: str | None = None, subgroups: bool | None = None):
-        """`spec`: adapter index or name substring (default: SHADERLM_DEVICE, else high-performance).
-        `subgroups=False` (or SHADERLM_NO_SUBGROUPS=1) uses the workgroup-memory kernels instead."""
-        spec = spec if spec is not None else os.environ.get("SHADERLM_DEVICE")
+    def __init__(self, spec: str | None = None, subgroups: bool = True):
+        """`spec`: adapter index or name substring (default: the high-performance adapter).
+        `subgroups=False` leaves the subgroup feature off (the kernels use workgroup memory instead)."""
         self.adapter = _pick_adapter(spec)
         feats = set(self.adapter.features)
-        want = [f for f in OPTIONAL_FEATURES if f in feats]
-        if subgroups is None:
-            subgroups = not os.environ.get("SHADERLM_NO_SUBGROUPS")
-        if not subgroups:
-            want = [f for f in want if f != "subgroup"]
+        want = [f for f in OPTIONAL_FEATURES if f in feats and (subgroups or f != "subgroup")]
         limits = {k: self.adapter.limits[k] for k in WANTED_LIMITS if k in self.adapter.limits}
         try:
             self.device = self.adapter.request_device_sync(required_features=want, required_limits=limits)
@@ -88,21 +95,23 @@ class Device:
         self.max_buffers = int(self.limits["max-storage-buffers-per-shader-stage"])
         self.has_subgroups = "subgroup" in self.features
         self.has_timestamps = "timestamp-query" in self.features
-        self._pipelines: dict = {}
-        self._scratch: dict = {}
-        # Decode fusions trade redundant arithmetic for fewer dispatches: a win where a dispatch
-        # costs microseconds (GPUs), a loss on CPU adapters (lavapipe) where arithmetic is the cost.
-        fuse = os.environ.get("SHADERLM_FUSE")
-        self.prefer_fused = (fuse != "0") if fuse is not None else self.adapter.info["adapter_type"] != "CPU"
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
         if self.subgroup_size < 4:          # the kernels' partial-sum buffers assume 4 lanes or more
             self.has_subgroups, self.subgroup_size = False, 0
-        self.tuned: dict = autotune.load(self)      # kernel shapes tuned for this adapter, by key
+        self._scratch: dict = {}
 
     @property
     def name(self) -> str:
         info = self.adapter.info
         return f"{info['device']} ({info['backend_type']})"
+
+    @property
+    def is_cpu(self) -> bool:
+        """A software adapter (lavapipe, llvmpipe): arithmetic is the cost there, not dispatches."""
+        return self.adapter.info.get("adapter_type") == "CPU"
+
+    def limit(self, name: str, default: int) -> int:
+        return int(self.limits.get(name, default))
 
     def describe(self) -> dict:
         info = self.adapter.info
@@ -110,6 +119,12 @@ class Device:
                 "adapter_type": info["adapter_type"], "description": info["description"],
                 "features": sorted(self.features), "subgroup_size": self.subgroup_size,
                 "limits": {k: self.limits[k] for k in WANTED_LIMITS if k in self.limits}}
+
+    def identity(self) -> list[str]:
+        """What names this adapter and driver (for caches of per-adapter measurements)."""
+        info = self.adapter.info
+        return [str(info.get(k)) for k in ("vendor", "device", "backend_type", "description")] + \
+            [str(self.subgroup_size)]
 
     # ---- buffers -------------------------------------------------------------------------------
     def buffer(self, size: int, usage=STORAGE, label: str = ""):
@@ -148,31 +163,15 @@ class Device:
         return self.upload(pack_params(*values), usage=UNIFORM, label=label)
 
     # ---- pipelines -----------------------------------------------------------------------------
-    def defines(self) -> dict:
-        """Preprocessor symbols every kernel sees. SHADERLM_DEFINES="A,B" sets more, for trying a
-        kernel variant behind an #if (bench/gemv_sweep.py's `auto+A` variants)."""
-        extra = [d for d in os.environ.get("SHADERLM_DEFINES", "").split(",") if d]
-        return {"SUBGROUPS": self.has_subgroups, **dict.fromkeys(extra, True)}
-
-    def pipeline(self, kernel: str, **defines):
-        defines = {**self.defines(), **defines}
-        key = (kernel, tuple(sorted(defines.items())))
-        pipe = self._pipelines.get(key)
-        if pipe is None:
-            try:
-                pipe = self.compile(load_wgsl(kernel, defines), kernel)
-            except Exception as e:
-                raise DeviceError(f"kernel {kernel} {defines} failed to compile on {self.name}: {e}") from e
-            pipe.kernel_name = kernel
-            self._pipelines[key] = pipe
-        return pipe
-
     def compile(self, code: str, label: str = ""):
-        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source, uncached:
-        pipeline() for the kernels, this for source built elsewhere (the bench probes)."""
-        module = self.device.create_shader_module(code=code, label=label)
-        return self.device.create_compute_pipeline(layout="auto", compute={"module": module, "entry_point": "main"},
-                                                   label=label)
+        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source."""
+        try:
+            module = self.device.create_shader_module(code=code, label=label)
+            return self.device.create_compute_pipeline(layout="auto",
+                                                       compute={"module": module, "entry_point": "main"},
+                                                       label=label)
+        except Exception as e:
+            raise DeviceError(f"kernel {label} failed to compile on {self.name}: {e}") from e
 
     def bind_group(self, pipeline, resources):
         """Bind resources to bindings 0..n-1 of group 0: a buffer, (buffer, offset, size), or None
@@ -185,6 +184,7 @@ class Device:
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
+    # ---- submission ----------------------------------------------------------------------------
     def submit(self, command_buffers):
         """Submit; returns the submission's index for read_after() where the backend has one."""
         if self.indexed:
@@ -218,11 +218,12 @@ class Device:
 
     def _probe_subgroup_size(self) -> int:
         out = self.buffer(16)
-        self.run_once(self.pipeline("probe_subgroup"), [out], (1, 1, 1))
+        self.run_once(self.compile(_SUBGROUP_PROBE, "subgroup probe"), [out], (1, 1, 1))
         return int(self.read(out, np.uint32)[0])
 
 
 def pack_params(*values) -> bytes:
+    """ints as u32 and floats as f32, in order, padded to 16 bytes: a kernel's uniform block."""
     out = bytearray()
     for v in values:
         if isinstance(v, (bool, int, np.integer)):
@@ -236,12 +237,9 @@ def pack_params(*values) -> bytes:
 _devices: dict = {}
 
 
-def get_device(spec: str | None = None) -> Device:
-    """One Device per adapter spec for the process (pipelines are cached on it)."""
-    key = spec if spec is not None else os.environ.get("SHADERLM_DEVICE", "")
+def get_device(spec: str | None = None, subgroups: bool = True) -> Device:
+    """One Device per (adapter spec, subgroups) for the process (pipelines are cached on it)."""
+    key = (spec or "", subgroups)
     if key not in _devices:
-        _devices[key] = Device(key or None)
+        _devices[key] = Device(spec or None, subgroups)
     return _devices[key]
-
-
-__all__ = ["Device", "get_device", "pack_params", "STORAGE", "UNIFORM", "MapMode", "list_adapters"]

@@ -5,13 +5,12 @@ buffers that kernels read, so recording a step is only set_pipeline / set_bind_g
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Callable, Union
 
 from .backend import raw_compute_calls
 
-_RAW = None if os.environ.get("SHADERLM_NO_RAW_ENCODE") else raw_compute_calls()
+_RAW = raw_compute_calls()
 
 Grid = Union[tuple, Callable[[int], tuple]]
 
@@ -23,7 +22,7 @@ class Dispatch:
     grid: Grid                 # workgroup counts, or a function of the token count n
     label: str = ""
     bytes: int = 0             # bytes of weights this dispatch must read (for bandwidth reports)
-    tune: object = None        # an autotune.Tunable: this dispatch's shape can be tuned per adapter
+    tune: object = None        # a tuner.Tunable: this dispatch's shape can be tuned per adapter
 
     def workgroups(self, n: int) -> tuple:
         g = self.grid(n) if callable(self.grid) else self.grid

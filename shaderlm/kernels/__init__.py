@@ -1,140 +1,30 @@
-"""WGSL sources and the small preprocessor that specialises them.
+"""The WGSL kernels (`*.wgsl` in this folder) and the thin Python that builds their dispatches.
 
-Directives (each on its own line):
-  #include NAME        inline kernels/NAME.wgsl (once per kernel; NAME may use {{DEFINE}})
-  #include NAME as P   inline it again with every name it declares at top level, every name declared
-                       by earlier `as P` includes, and the bindings' `w` / params' `p`, prefixed by P
-                       (a second quant decoder beside the first, for gemv.wgsl's DUAL)
-  #include NAME as P with A=1,B=2   the same, its conditionals and {{DEFINE}}s from these values over
-                       the kernel's (a second GEMV shape in one kernel: bench/persistent_gemv.py)
-  #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable)
-  #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
-                       (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
-                       index an array (nestable, each level with its own variable)
-and `{{NAME}}` anywhere is replaced by str(define). Conditionals apply first, then #unroll, then
-#include, so a dropped block's #unroll count need not be defined.
+`pipeline(dev, name, **defines)` specialises kernels/NAME.wgsl (wgsl.py's preprocessor) and compiles
+it on the device, once per set of defines. Every kernel sees SUBGROUPS (the device has them).
 """
 from __future__ import annotations
 
-import re
-from pathlib import Path
+from weakref import WeakKeyDictionary
 
-KERNEL_DIR = Path(__file__).parent
-_SUB = re.compile(r"\{\{(\w+)\}\}")
+from .wgsl import KERNEL_DIR, load_wgsl
 
-
-def load_wgsl(name: str, defines: dict) -> str:
-    return expand_wgsl((KERNEL_DIR / f"{name}.wgsl").read_text(), defines, name)
+_pipelines: WeakKeyDictionary = WeakKeyDictionary()     # device -> {(kernel, defines): pipeline}
 
 
-def expand_wgsl(text: str, defines: dict, name: str = "inline") -> str:
-    """load_wgsl for source text built elsewhere (bench probes that include the kernels' decoders)."""
-    return _substituted(_expand(name, defines, set(), {}, text), defines, name)
+def pipeline(dev, kernel: str, **defines):
+    defines = {"SUBGROUPS": dev.has_subgroups, **defines}
+    cache = _pipelines.setdefault(dev, {})
+    key = (kernel, tuple(sorted(defines.items())))
+    pipe = cache.get(key)
+    if pipe is None:
+        pipe = cache[key] = dev.compile(load_wgsl(kernel, defines), f"{kernel} {defines}")
+    return pipe
 
 
-def _substituted(text: str, defines: dict, kernel: str) -> str:
-    """Every {{NAME}} in `text` replaced by its define."""
-    return _SUB.sub(lambda m: _value(defines, m.group(1), kernel), text)
+def compiled(dev) -> dict:
+    """(kernel, sorted define items) -> pipeline, for every kernel compiled on `dev` so far."""
+    return dict(_pipelines.get(dev, {}))
 
 
-def _value(defines, key, kernel):
-    if key not in defines:
-        raise KeyError(f"kernel {kernel}: no value for {{{{{key}}}}}")
-    v = defines[key]
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, float):
-        return repr(v)
-    return str(v)
-
-
-_DECL = re.compile(r"^(?:fn|const|struct|alias|override|var(?:<[^>]*>)?)\s+(\w+)", re.M)
-
-
-def _expand(name: str, defines: dict, included: set, prefixed: dict, source: str | None = None) -> str:
-    """`prefixed`: prefix -> names declared under it so far (for `#include NAME as P`); `source`:
-    the text itself instead of kernels/NAME.wgsl."""
-    if name in included:
-        return ""
-    included.add(name)
-    text = (source if source is not None else (KERNEL_DIR / f"{name}.wgsl").read_text()).splitlines()
-    # conditionals first, so an #unroll in a dropped block needs no count
-    out = []
-    for line in _unroll(name, _kept(name, text, defines), defines):
-        s = line.strip()
-        if s.startswith("#include "):
-            inc = _substituted(s[9:].strip(), defines, name)
-            if " as " in inc:
-                inc, prefix = (v.strip() for v in inc.split(" as "))
-                prefix, _, extra = prefix.partition(" with ")
-                own = {**defines, **_with(extra)} if extra else defines
-                out.append(_prefixed(inc, prefix.strip(), own, included, prefixed))
-            else:
-                out.append(_expand(inc, defines, included, prefixed))
-        else:
-            out.append(line)
-    return "\n".join(out)
-
-
-def _kept(name: str, lines: list, defines: dict) -> list:
-    """The lines that `#if` / `#else` / `#endif` keep, without those directives."""
-    out, stack = [], []          # stack of (this branch active, any branch taken)
-    for line in lines:
-        s = line.strip()
-        if s.startswith("#if "):
-            sym = s[4:].strip()
-            val = bool(defines.get(sym.lstrip("!"))) != sym.startswith("!")
-            stack.append((val, val))
-        elif s == "#else":
-            a, taken = stack.pop()
-            stack.append((not taken, True))
-        elif s == "#endif":
-            stack.pop()
-        elif all(a for a, _ in stack):
-            out.append(line)
-    if stack:
-        raise ValueError(f"kernel {name}: unterminated #if")
-    return out
-
-
-def _with(spec: str) -> dict:
-    """`A=1,B=x` of `#include NAME as P with A=1,B=x`: numbers as ints, 0 / 1 as well (so #if works)."""
-    out = {}
-    for item in spec.split(","):
-        k, _, v = item.strip().partition("=")
-        out[k.strip()] = int(v) if v.strip().lstrip("-").isdigit() else v.strip()
-    return out
-
-
-def _prefixed(name: str, prefix: str, defines: dict, included: set, prefixed: dict) -> str:
-    # its own copy, even if included plainly, with its own defines already substituted
-    text = _substituted(_expand(name, defines, set(), prefixed), defines, name)
-    names = prefixed.setdefault(prefix, {"w", "p"})
-    names.update(_DECL.findall(text))
-    pattern = re.compile(r"(?<![.\w])(" + "|".join(sorted(names, key=len, reverse=True)) + r")\b")
-    return pattern.sub(lambda m: prefix + m.group(1), text)
-
-
-def _unroll(name: str, lines: list, defines: dict) -> list:
-    """Expand `#unroll N [v]` ... `#end` blocks (nestable; `$v` in the body, default `$i`)."""
-    out, i = [], 0
-    while i < len(lines):
-        s = lines[i].strip()
-        if not s.startswith("#unroll "):
-            out.append(lines[i])
-            i += 1
-            continue
-        args = s.split()[1:]
-        n = int(args[0]) if args[0].isdigit() else int(_value(defines, args[0], name))
-        var = "$" + (args[1] if len(args) > 1 else "i")
-        depth, end = 1, i + 1
-        while end < len(lines) and depth:
-            t = lines[end].strip()
-            depth += t.startswith("#unroll ") - (t == "#end")
-            end += 1
-        if depth:
-            raise ValueError(f"kernel {name}: #unroll without #end")
-        body = _unroll(name, lines[i + 1:end - 1], defines)
-        out += [line.replace(var, str(k)) for k in range(n) for line in body]
-        i = end
-    return out
+__all__ = ["KERNEL_DIR", "compiled", "load_wgsl", "pipeline"]

@@ -5,7 +5,7 @@
 // pairs of head dimensions, so K and V rows are read coalesced and a score is one subgroupAdd.
 // Every load is unconditional (indices clamped, unused values dropped by select) and issued before
 // any use: a load inside an `if` whose value is used in the same `if` waited a whole memory round
-// trip per key on NVIDIA (H200: 28 us a call at position 128 on Llama 8B shapes). Each subgroup
+// trip per key on NVIDIA. Each subgroup
 // keeps an online softmax (m, l, acc) and the subgroups are merged through workgroup memory at the end.
 // SPLIT: a head's keys are also split over up to SPLITS workgroups (grid y), at least MINK keys each,
 // so a long context keeps many workgroups busy instead of one per head walking every key. Each writes
@@ -56,7 +56,7 @@ fn slot(key: u32, qpos: u32, kvh: u32, half_hd: u32) -> u32 {
 
 // Merging n partial softmaxes held in sg_m / sg_l / sg_acc: their largest m, returned, with each
 // one's weight against it in sg_w (every thread calls this: a barrier; the weights are computed once,
-// a thread each, rather than in every output thread's loop: H200, Llama 8B tg128 +0.2-0.3%); then
+// a thread each, rather than in every output thread's loop); then
 // the sum of their l so weighted, and output pair j (not yet divided by that sum).
 fn merge_weights(li: u32, n: u32) -> f32 {
     var mg = -3.0e38;
@@ -107,8 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let jj$c = min(j$c, half_hd - 1u);
 #end
     // the first trip's K/V words, loaded before q and the new K are read and rotated: after the new
-    // K's store, the compiler could not move them above it. Each trip then loads the next trip's
-    // (H200, Llama 8B Q4_K_M tg128: +0.5%; unchanged after 2,048 and 8,192 tokens).
+    // K's store, the compiler could not move them above it. Each trip then loads the next trip's.
 #unroll UNROLL u
 #unroll PAIRS c
     var nkw$u$c = kc[slot(k_begin + sg * UNROLL + $uu, qpos, kvh, half_hd) + jj$c];

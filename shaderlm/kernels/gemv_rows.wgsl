@@ -18,9 +18,8 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
     // before the groups. A step past the row's end reads x as zeros (x_on).
     // PF (a tuned choice): the first group's weights are loaded before that, and each group loads the
     // next group's before its own dots, so a lane has loads in flight while it computes. The last
-    // group reloads its own rows (from cache): skipping that load in a uniform branch lost 1.2%.
-    // H200, same tuned shapes, tg128: Llama 8B Q4_0 +1.7%, 8B Q4_K_M +3.9%, 1B Q8_0 +8.9%; the tuner
-    // still leaves it off for some keys (it holds twice the weight registers).
+    // group reloads its own rows (from cache): skipping that load in a uniform branch lost. The
+    // tuner leaves it off for some keys (it holds twice the weight registers).
 #unroll STEPS u
     let hc$u = min(li + $uu * {{WG}}u, chunks - 1u);
 #if PF
@@ -204,8 +203,8 @@ fn row_out(rr: u32, row_i: u32, t: u32, nsg: u32) {
 // first of a pair and send the second to their partner, the others the reverse, so one shuffle
 // halves two values; after log2(BFN) steps each lane holds one value, index lane / (size / BFN), and
 // plain xor-shuffles finish it: BFN - 1 + log2(size / BFN) shuffles in all, against BFN x log2(size)
-// for a subgroupAdd per value (H200, tuned, tg128: Llama 8B Q4_0 +5%, 1B Q4_K_M +1%, but 1B Q8_0
-// -4.5%, so the tuner tries each picked shape without it too).
+// for a subgroupAdd per value. It wins on some matrices and loses on others, so the tuner tries each
+// picked shape without it too.
 fn bf_pair(a: f32, b: f32, m: u32, lane: u32) -> f32 {
     let hi = (lane & m) != 0u;
     return select(a, b, hi) + subgroupShuffleXor(select(b, a, hi), m);

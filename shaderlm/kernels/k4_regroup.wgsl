@@ -4,7 +4,7 @@
 //   word p (0..3): bytes (sc[2p], sc[2p+1], mn[2p], mn[2p+1]) in their low 6 bits, and as the top
 //   2 bits of byte j, bits 8j + 2p and 8j + 2p + 1 of d | dmin << 16 (quant_common.wgsl's k4_dmin).
 // A decode-GEMV lane then gets its chunk's two scales and two mins from one word: unpacking the
-// GGUF form cost about 9% of an 8B Q4_K_M decode step (H200).
+// GGUF form in every GEMV cost a measurable share of a Q4_K_M decode step.
 struct P { blocks: u32, qw: u32, row: u32, _a: u32 }     // row: blocks per grid row (x)
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> w: array<u32>;

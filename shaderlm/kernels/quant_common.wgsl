@@ -188,8 +188,8 @@ fn k4_x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> {
 fn k4_chunk_scales(h: vec4<u32>, c: u32) -> vec4<f32> {
     let dm = k4_dmin(h);
     let m = k4_pair(h, c >> 1u);
-    // each byte converted on its own (H200, 8B Q4_K_M tg128 on one machine: 311 tok/s, against 308
-    // with the 2^23 trick and 300-302 with a vector shift-and-mask or unpack4xU8)
+    // each byte converted on its own: faster than the 2^23 trick, a vector shift-and-mask or
+    // unpack4xU8 (docs/performance.md)
     let v = vec4<f32>(f32(m & 255u), f32((m >> 8u) & 255u), f32((m >> 16u) & 255u), f32(m >> 24u));
     return vec4<f32>(dm.x, dm.x, dm.y, dm.y) * v;
 }

@@ -1,43 +1,126 @@
-"""What every decoder-only architecture shares: weights on the GPU, activation buffers, KV cache, and
-the plans (dispatch lists) for prefill, decode and the LM head. An architecture file subclasses
-Transformer and describes one layer in `layer_ops`."""
+"""What every decoder-only architecture shares: its weights on the GPU, activation buffers, the KV
+cache, the layer builder with the decode fusions, and the plans (dispatch lists) for prefill, decode
+and the LM head. An architecture file subclasses Transformer and overrides only where its layer
+differs (hooks: load_layer, qkv_weights, gate_up_weights, norm_input, residual, attention_params,
+rope_inv_freq, head_ops).
+
+It is also what the engine drives (engine/runner.py's Runner): prefill, record and submit decode
+batches, read back token ids, set the sampler, logits.
+"""
 from __future__ import annotations
+
+import math
+from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import ModelFormatError
-from ..gpu.device import STORAGE, UNIFORM, pack_params
+from ..errors import ContextFullError, ModelFormatError
+from ..gpu.device import READBACK, STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
-from ..gpu.weights import GPUWeight, concat_rows, upload_weight
+from ..gpu.tuner import tune_plan
 from ..kernels import ops
-from .config import ModelConfig
+from ..kernels.gemv import can_pair, gemv_pair
+from ..kernels.quants import QUANT_TYPES
+from ..kernels.tuning import open_cache
+from ..kernels.weights import GPUWeight, concat_rows, dequantize, upload_weight
+from .args import ModelArgs
 
 PREFILL_TT = 8          # tokens per pass of the GEMV kernel in short prefills
 SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of the 64x64 GEMM
+SUPPORTED_TYPES = tuple(QUANT_TYPES)
 
 
 class Transformer:
-    def __init__(self, dev, gguf, config: ModelConfig, *, ctx: int | None = None, batch: int = 256,
-                 progress=None, fuse: bool | None = None, int8_act: bool = False):
+    """A model on the GPU. Class attributes an architecture sets (models/__init__.py registers it):
+    gguf_arch (general.architecture), hf_architectures / hf_model_types (config.json), Args (its
+    ModelArgs), presets (synthetic shapes by name), hf_names (GGUF name -> Hugging Face name)."""
+    gguf_arch: str = ""
+    hf_architectures: tuple = ()
+    hf_model_types: tuple = ()
+    Args = ModelArgs
+    presets: dict = {}
+    chat_template: str | None = None   # for files that carry none (else ChatML)
+    gelu = False                  # the gated FFN's activation: GELU-tanh, else SiLU
+    embed_scale = 1.0             # token embeddings are multiplied by this (a function of args where it varies)
+
+    def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
+                 progress=None, fuse: bool | None = None, int8_act: bool = False, x24: bool = True,
+                 attention_shape=None):
         self.dev = dev
-        self.gguf = gguf
-        self.cfg = config
-        self.ctx = int(min(ctx or config.context_length, config.context_length) or 2048)
+        self.source = source
+        self.args = args
+        self.ctx = int(min(ctx or args.context_length, args.context_length) or 2048)
         self.batch = max(1, min(batch, self.ctx))
         self.progress = progress
-        self.fuse = dev.prefer_fused if fuse is None else fuse     # decode fusions (see Device)
+        self.fuse = (not dev.is_cpu) if fuse is None else fuse   # decode fusions: see `fused_decode`
         self.int8_act = int8_act      # decode GEMVs with int8 x where the type allows (not exact)
-        self.weights: dict[str, GPUWeight] = {}
+        self.x24 = x24
+        self.attention_shape = attention_shape
         self.weight_bytes = 0
+        self._sampling = None
+        self._staging: list = []
+        self._slot = 0
         self._alloc()
-        self._load_weights()
+        self.load_weights()
         self._build_plans()
+
+    # ---- the tensors a model of these args has -------------------------------------------------
+    @classmethod
+    def tensor_specs(cls, a: ModelArgs) -> list[tuple[str, tuple]]:
+        """(GGUF name, numpy shape) of every tensor, in llama.cpp's file order."""
+        out = [("token_embd.weight", (a.vocab_size, a.dim))]
+        for i in range(a.n_layers):
+            out += cls.layer_specs(a, f"blk.{i}.")
+        out.append(("output_norm.weight", (a.dim,)))
+        if not a.tied:
+            out.append(("output.weight", (a.vocab_size, a.dim)))
+        return out
+
+    @classmethod
+    def layer_specs(cls, a: ModelArgs, p: str) -> list[tuple[str, tuple]]:
+        out = [(p + "attn_norm.weight", (a.dim,)), (p + "attn_q.weight", (a.q_dim, a.dim)),
+               (p + "attn_k.weight", (a.kv_dim, a.dim)), (p + "attn_v.weight", (a.kv_dim, a.dim))]
+        if a.attn_bias:
+            out += [(p + "attn_q.bias", (a.q_dim,)), (p + "attn_k.bias", (a.kv_dim,)), (p + "attn_v.bias", (a.kv_dim,))]
+        if a.qk_norm:
+            out += [(p + "attn_q_norm.weight", (a.head_dim,)), (p + "attn_k_norm.weight", (a.head_dim,))]
+        return out + [(p + "attn_output.weight", (a.dim, a.q_dim)), (p + "ffn_norm.weight", (a.dim,)),
+                      (p + "ffn_gate.weight", (a.ffn_dim, a.dim)), (p + "ffn_up.weight", (a.ffn_dim, a.dim)),
+                      (p + "ffn_down.weight", (a.dim, a.ffn_dim))]
+
+    hf_names = {
+        "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight",
+        "blk.{i}.attn_norm.weight": "model.layers.{i}.input_layernorm.weight",
+        "blk.{i}.ffn_norm.weight": "model.layers.{i}.post_attention_layernorm.weight",
+        "blk.{i}.attn_q.weight": "model.layers.{i}.self_attn.q_proj.weight",
+        "blk.{i}.attn_k.weight": "model.layers.{i}.self_attn.k_proj.weight",
+        "blk.{i}.attn_v.weight": "model.layers.{i}.self_attn.v_proj.weight",
+        "blk.{i}.attn_q.bias": "model.layers.{i}.self_attn.q_proj.bias",
+        "blk.{i}.attn_k.bias": "model.layers.{i}.self_attn.k_proj.bias",
+        "blk.{i}.attn_v.bias": "model.layers.{i}.self_attn.v_proj.bias",
+        "blk.{i}.attn_q_norm.weight": "model.layers.{i}.self_attn.q_norm.weight",
+        "blk.{i}.attn_k_norm.weight": "model.layers.{i}.self_attn.k_norm.weight",
+        "blk.{i}.attn_output.weight": "model.layers.{i}.self_attn.o_proj.weight",
+        "blk.{i}.ffn_gate.weight": "model.layers.{i}.mlp.gate_proj.weight",
+        "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
+        "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
+    }
+
+    hf_norm_offset = 0.0          # Hugging Face stores RMSNorm weights minus this (where a norm scales by 1 + w)
+
+    @staticmethod
+    def gguf_permuted_heads(name: str, args: ModelArgs) -> int | None:
+        """Hook: the heads whose rows llama.cpp's converter reorders in tensor `name` (None: none)."""
+        return None
 
     # ---- weights -------------------------------------------------------------------------------
     def tensor(self, name: str, required: bool = True):
-        t = self.gguf.tensors.get(name)
-        if t is None and required:
-            raise ModelFormatError(f"{self.gguf.path}: tensor {name} is missing")
+        t = self.source.tensors.get(name)
+        if t is None:
+            if required:
+                raise ModelFormatError(f"{self.source.path}: tensor {name} is missing")
+            return None
         return t
 
     def _tick(self, t):
@@ -58,13 +141,14 @@ class Transformer:
             w = concat_rows(self.dev, "+".join(names), [(t.name, t.type, t.shape, t.data) for t in ts])
         self.weight_bytes += w.nbytes
         w.int8_x = self.int8_act and w.qtype.int8_dot
+        w.x24 = self.x24
         self._release(ts)
         return w
 
     def _release(self, ts):
         """Tell the source the tensors are on the GPU (an HF folder drops their mapped pages)."""
         for t in ts:
-            self.gguf.release(t)
+            self.source.release(t)
 
     def vector(self, name: str, required=True):
         """A 1-D tensor (norm weight, bias) as f32 on the GPU."""
@@ -73,8 +157,7 @@ class Transformer:
             return None
         self._tick(t)
         w = upload_weight(self.dev, name, t.type, (1, int(np.prod(t.shape))), t.data)
-        vals = ops.dequantize(self.dev, w).reshape(-1) if t.type != "F32" else \
-            np.frombuffer(t.data, np.float32)
+        vals = dequantize(self.dev, w).reshape(-1) if t.type != "F32" else np.frombuffer(t.data, np.float32)
         buf = self.dev.upload(np.ascontiguousarray(vals, np.float32), label=name)
         self.weight_bytes += buf.size
         self._release([t])
@@ -84,81 +167,196 @@ class Transformer:
         ts = [self.tensor(n, False) for n in names]
         return all(t is not None for t in ts) and len({t.type for t in ts}) == 1
 
+    def load_weights(self):
+        self.tok_embd = self.matrix("token_embd.weight")
+        self.out_norm = self.vector("output_norm.weight")
+        self.lm_head = self.matrix("output.weight", required=False) or self.tok_embd
+        self.layers = [self.load_layer(i, f"blk.{i}.") for i in range(self.args.n_layers)]
+
+    def load_layer(self, i: int, p: str) -> SimpleNamespace:
+        """Hook: layer i's weights (names prefixed by p). Q, K, V (and gate, up) read the same input:
+        they are stacked into one matrix where they share a type."""
+        L = SimpleNamespace(attn_norm=self.vector(p + "attn_norm.weight"), ffn_norm=self.vector(p + "ffn_norm.weight"))
+        L.qkv = self.qkv_weights(p)
+        bias = [self.vector(p + n, required=False) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")]
+        L.qkv_bias = self._bias_cat(bias) if any(b is not None for b in bias) else None
+        L.wo = self.matrix(p + "attn_output.weight")
+        L.gate_up = self.gate_up_weights(p)
+        L.down = self.matrix(p + "ffn_down.weight")
+        L.q_norm = self.vector(p + "attn_q_norm.weight", required=False)
+        L.k_norm = self.vector(p + "attn_k_norm.weight", required=False)
+        if (L.q_norm is None) != (L.k_norm is None):
+            raise ModelFormatError(f"{self.source.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
+        return L
+
+    def qkv_weights(self, p: str) -> list:
+        """Hook: layer p's Q, K, V projections (rows stacked in that order)."""
+        q, k, v = p + "attn_q.weight", p + "attn_k.weight", p + "attn_v.weight"
+        if self.fusable(q, k, v):
+            return [self.matrix(q, k, v)]
+        if self.fusable(q, k):              # Q4_K_M: q, k in Q4_K, v in Q6_K
+            return [self.matrix(q, k), self.matrix(v)]
+        return [self.matrix(q), self.matrix(k), self.matrix(v)]
+
+    def gate_up_weights(self, p: str) -> list:
+        """Hook: layer p's gate and up projections ([gate; up] rows), stacked when they share a type."""
+        gate, up = p + "ffn_gate.weight", p + "ffn_up.weight"
+        return [self.matrix(gate, up)] if self.fusable(gate, up) else [self.matrix(gate), self.matrix(up)]
+
+    def _bias_cat(self, parts):
+        """Q, K, V biases as one vector over the qkv rows (zeros where a bias is absent)."""
+        a = self.args
+        vals = [np.zeros(s, np.float32) if b is None else self.dev.read(b, np.float32)[:s]
+                for b, s in zip(parts, (a.q_dim, a.kv_dim, a.kv_dim))]
+        return self.dev.upload(np.concatenate(vals), label="qkv_bias")
+
     # ---- buffers -------------------------------------------------------------------------------
     def _alloc(self):
-        c, B, dev = self.cfg, self.batch, self.dev
+        a, B, dev = self.args, self.batch, self.dev
         f4 = 4
         self.state = dev.buffer(16, STORAGE, "state")
         self.tokens = dev.buffer(4 * (self.ctx + 1), STORAGE, "tokens")
-        self.x = dev.buffer(B * c.dim * f4, label="x")
-        self.xn = dev.buffer(B * c.dim * f4, label="xn")
-        self.qkv = dev.buffer(B * (c.q_dim + 2 * c.kv_dim) * f4, label="qkv")
-        self.attn = dev.buffer(B * c.q_dim * f4, label="attn")
-        self.gu = dev.buffer(B * 2 * c.ffn_dim * f4, label="gate_up")
-        self.h = dev.buffer(B * c.ffn_dim * f4, label="ffn_h")
+        self.x = dev.buffer(B * a.dim * f4, label="x")
+        self.xn = dev.buffer(B * a.dim * f4, label="xn")
+        self.qkv = dev.buffer(B * (a.q_dim + 2 * a.kv_dim) * f4, label="qkv")
+        self.attn = dev.buffer(B * a.q_dim * f4, label="attn")
+        self.gu = dev.buffer(B * 2 * a.ffn_dim * f4, label="gate_up")
+        self.h = dev.buffer(B * a.ffn_dim * f4, label="ffn_h")
         # logits for up to logit_rows tokens at once (one binding must hold them)
-        self.logit_rows = max(1, min(B, dev.max_binding // (c.vocab_size * f4)))
-        self.logits = dev.buffer(self.logit_rows * c.vocab_size * f4, label="logits")
-        kv_bytes = self.ctx * c.kv_dim * 2
+        self.logit_rows = max(1, min(B, dev.max_binding // (a.vocab_size * f4)))
+        self.logit_buf = dev.buffer(self.logit_rows * a.vocab_size * f4, label="logits")
+        kv_bytes = self.ctx * a.kv_dim * 2
         if kv_bytes > dev.max_binding:
             raise ModelFormatError(f"context {self.ctx} needs {kv_bytes} bytes of KV cache per layer, over "
                                    f"this adapter's {dev.max_binding}-byte binding limit: use a smaller --ctx")
-        self.k_cache = [dev.buffer(kv_bytes, label=f"k{i}") for i in range(c.n_layers)]
-        self.v_cache = [dev.buffer(kv_bytes, label=f"v{i}") for i in range(c.n_layers)]
-        # greedy until a Generator sets its own: plans run before that (the tuner, bench/kernel_chain.py)
-        # then time the real sampler, not one over a vocabulary of 0 (which skipped its pass)
-        self.sample_params = dev.upload(pack_params(*ops.sample_params(c.vocab_size)), UNIFORM, "sample_params")
+        self.k_cache = [dev.buffer(kv_bytes, label=f"k{i}") for i in range(a.n_layers)]
+        self.v_cache = [dev.buffer(kv_bytes, label=f"v{i}") for i in range(a.n_layers)]
+        # greedy until set_sampling: plans run before that (the tuner) then time the real sampler
+        self.sample_params = dev.upload(pack_params(*ops.sample_params(a.vocab_size)), UNIFORM, "sample_params")
         self.inv_freq = dev.upload(self.rope_inv_freq().astype(np.float32), label="inv_freq")
 
     def rope_inv_freq(self, base: float | None = None, scale: float | None = None) -> np.ndarray:
-        """Rotations per position per pair, in turns (divided by 2 pi): what rope_store reads.
-        base/scale default to the config's (Gemma 3's local layers pass their own)."""
-        c = self.cfg
-        base = c.rope_base if base is None else base
-        scale = c.rope_scale if scale is None else scale
-        i = np.arange(c.rope_dim // 2, dtype=np.float64)
-        freq = base ** (-2.0 * i / c.rope_dim) / scale
-        factors = self.tensor("rope_freqs.weight", required=False)
+        """Hook: rotations per position per pair, in turns (divided by 2 pi): what rope_store reads.
+        base/scale default to the args' (windowed layers may have their own)."""
+        a = self.args
+        base = a.rope_base if base is None else base
+        scale = a.rope_scale if scale is None else scale
+        i = np.arange(a.rope_dim // 2, dtype=np.float64)
+        freq = base ** (-2.0 * i / a.rope_dim) / scale
+        factors = self.source.tensors.get("rope_freqs.weight")
         if factors is not None:
             freq = freq / np.frombuffer(factors.data, np.float32)[: len(freq)].astype(np.float64)
         return freq / (2 * np.pi)
 
-    # ---- plans ---------------------------------------------------------------------------------
-    def _load_weights(self):
-        raise NotImplementedError
-
+    # ---- one layer -----------------------------------------------------------------------------
     def layer_ops(self, i: int, tt: int) -> list:
-        raise NotImplementedError
+        """One layer's dispatches for tt tokens a pass. The fused decode step (one token, `fuse`)
+        folds the norms into the matmuls, RoPE and the KV store into attention and the activation
+        into the gate/up matmul: 5 dispatches a layer when Q/K/V and gate/up each share a type."""
+        a, L = self.args, self.layers[i]
+        decode = tt == 1 and self.fuse
+        ffn_fused = decode and len(L.gate_up) == 1 and len(L.gate_up[0].chunks) == 1
+        out = []
+        src, norm = self.norm_input(i, "attn", decode, out)
+        out += self.qkv_projection(i, tt, src, norm, decode)
+        if L.q_norm is not None:
+            out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.state, n_heads=a.n_heads,
+                                     n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
+        out += self.attention_ops(i, decode)
+        out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm)
+        src, norm = self.norm_input(i, "ffn", ffn_fused, out)
+        out += self.ffn_ops(i, tt, src, norm, ffn_fused)
+        last = decode or i + 1 == a.n_layers
+        out += self.residual(i, "ffn", L.down, self.h, tt, next_norm=None if last else self.layers[i + 1].attn_norm)
+        return out
 
-    def head_ops(self, tt: int, decode: bool = False) -> list:
-        """Final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token, row 0)
-        the norm is folded into the LM-head matmul."""
-        c = self.cfg
+    def norm_input(self, i: int, block: str, fused: bool, out: list):
+        """Hook: the input of layer i's `block` ("attn" or "ffn") and the norm kwargs its matmuls take:
+        x with the RMSNorm folded into them where fused, else xn written by an rmsnorm dispatch."""
+        a, w = self.args, getattr(self.layers[i], f"{block}_norm")
+        if fused:
+            return self.x, dict(norm=w, eps=a.rms_eps)
+        out.append(ops.rmsnorm(self.dev, self.x, w, self.xn, self.state, dim=a.dim, eps=a.rms_eps))
+        return self.xn, {}
+
+    def qkv_projection(self, i: int, tt: int, src, norm: dict, decode: bool) -> list:
+        """Layer i's Q/K/V matmuls into the qkv rows (a shared bias is indexed by output row). In decode,
+        Q+K of one type and V of another (Q4_K_M) run as one dispatch (gemv_pair)."""
+        a, L = self.args, self.layers[i]
+        parts, qkv_w = L.qkv, a.q_dim + 2 * a.kv_dim
+        if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
+            return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, **norm)
+        out, row0 = [], 0
+        for w in parts:
+            out += ops.matmul(self.dev, w, src, self.qkv, self.state, tt=tt, y_stride=qkv_w, row0=row0,
+                              bias=L.qkv_bias, tiled=self.tiled, **norm)
+            row0 += w.rows
+        return out
+
+    def attention_params(self, i: int) -> dict:
+        """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
+        a = self.args
+        return dict(scale=1.0 / math.sqrt(a.head_dim), window=a.sliding_window if a.windowed(i) else 0,
+                    softcap=0.0, inv_freq=self.inv_freq)
+
+    def attention_ops(self, i: int, decode: bool) -> list:
+        """RoPE on q and k, the new K/V into the cache, and causal GQA attention over it: one dispatch
+        in the fused decode step, two otherwise."""
+        a, dev, st = self.args, self.dev, self.state
+        p = self.attention_params(i)
+        inv_freq = p.pop("inv_freq")
+        attn = dict(n_heads=a.n_heads, n_kv=a.n_kv_heads, head_dim=a.head_dim, **p)
         if decode:
-            return ops.matmul(self.dev, self.lm_head, self.x, self.logits, self.state, tt=1,
-                              y_stride=c.vocab_size, norm=self.out_norm, eps=c.rms_eps)
-        return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, self.state, dim=c.dim, eps=c.rms_eps,
-                            from_state_row=True),
-                *ops.matmul(self.dev, self.lm_head, self.xn, self.logits, self.state, tt=tt,
-                            y_stride=c.vocab_size, from_state_row=True)]
+            return [ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn,
+                                  inv_freq=inv_freq, rope_dim=a.rope_dim, neox=a.rope_neox,
+                                  shape=self.attention_shape)]
+        return [ops.rope_store(dev, self.qkv, inv_freq, self.k_cache[i], self.v_cache[i], st, n_heads=a.n_heads,
+                               n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox),
+                ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn)]
 
-    def embed_ops(self) -> list:
-        return ops.embed(self.dev, self.tok_embd, self.tokens, self.x, self.state,
-                         scale=self.cfg.extra.get("embed_scale", 1.0))
+    def residual(self, i: int, block: str, w, inp, tt: int, next_norm=None) -> list:
+        """Hook: x += w . inp, the output of layer i's `block`. `next_norm` is the norm the next block
+        applies to x where it runs as its own dispatch (an architecture may fold it in here)."""
+        return ops.matmul(self.dev, w, inp, self.x, self.state, tt=tt, y_stride=self.args.dim, accumulate=True,
+                          tiled=self.tiled)
+
+    def ffn_ops(self, i: int, tt: int, src, norm: dict, fused: bool) -> list:
+        """The gated FFN's gate/up matmuls and activation into h: one GEMV in the fused decode step."""
+        a, dev, st, gu = self.args, self.dev, self.state, self.layers[i].gate_up
+        if fused:
+            return ops.matmul(dev, gu[0], src, self.h, st, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
+        out, row0 = [], 0
+        for w in gu:
+            out += ops.matmul(dev, w, src, self.gu, st, tt=tt, y_stride=2 * a.ffn_dim, row0=row0, tiled=self.tiled)
+            row0 += w.rows
+        return out + [ops.glu(dev, self.gu, self.h, st, ffn=a.ffn_dim, gelu=self.gelu)]
+
+    # ---- plans ---------------------------------------------------------------------------------
+    def head_ops(self, tt: int, decode: bool = False) -> list:
+        """Hook: final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token, row 0)
+        the norm is folded into the LM-head matmul."""
+        a = self.args
+        if decode:
+            return ops.matmul(self.dev, self.lm_head, self.x, self.logit_buf, self.state, tt=1,
+                              y_stride=a.vocab_size, norm=self.out_norm, eps=a.rms_eps)
+        return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, self.state, dim=a.dim, eps=a.rms_eps,
+                            from_state_row=True),
+                *ops.matmul(self.dev, self.lm_head, self.xn, self.logit_buf, self.state, tt=tt,
+                            y_stride=a.vocab_size, from_state_row=True)]
 
     def _build_plans(self):
         dev = self.dev
 
         def body(tt, tiled=True):
             self.tiled = tiled
-            out = self.embed_ops()
-            for i in range(self.cfg.n_layers):
+            out = ops.embed(dev, self.tok_embd, self.tokens, self.x, self.state, scale=self.embed_scale)
+            for i in range(self.args.n_layers):
                 out += self.layer_ops(i, tt)
             return out
 
         long_body, short_body, decode_body = body(PREFILL_TT), body(PREFILL_TT, tiled=False), body(1)
         self.tiled = True
-        sampler = ops.sample(dev, self.logits, self.tokens, self.state, self.sample_params)
+        sampler = ops.sample(dev, self.logit_buf, self.tokens, self.state, self.sample_params)
         head = self.head_ops(1)
         self.plan_prefill = {False: Plan(dev, long_body, "prefill"),                 # layers only
                              True: Plan(dev, short_body, "prefill-short")}
@@ -173,3 +371,88 @@ class Transformer:
 
     def set_state(self, pos: int, n: int, out_row0: int):
         self.dev.write(self.state, np.array([pos, n, pos, out_row0], np.uint32))
+
+    def decode_bytes(self) -> int:
+        """Weight bytes one decode step reads (every matrix once, plus norms)."""
+        return int(sum(d.bytes for d in self.plan_decode.dispatches))
+
+    def tune(self, cache_dir=None, force=False, reps=5, log=None) -> list:
+        """Tune the decode step's kernel shapes for this adapter (those not cached yet; all with
+        `force`) and keep them in the adapter's cache. Steps are timed from position 64 (or
+        mid-context) on, never past the context's end."""
+        pos0 = min(self.ctx // 2, 64)
+        return tune_plan(self.dev, self.plan_decode, open_cache(self.dev, cache_dir), force=force, reps=reps,
+                         log=log, reset=lambda: self.set_state(pos0, 1, 0),
+                         max_repeat=max(1, min(64, self.ctx - 1 - pos0)))
+
+    # ---- what the engine drives (engine/runner.py) ---------------------------------------------
+    @property
+    def vocab_size(self) -> int:
+        return self.args.vocab_size
+
+    @property
+    def context_length(self) -> int:
+        return self.args.context_length
+
+    def set_sampling(self, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        key = (temperature, top_k, top_p, seed)
+        if key != self._sampling:
+            vals = ops.sample_params(self.args.vocab_size, temperature, top_k, top_p, seed)
+            self.dev.write(self.sample_params, pack_params(*vals))
+            self._sampling = key
+
+    def write_tokens(self, pos: int, ids):
+        self.dev.write(self.tokens, np.asarray(ids, np.uint32), offset=4 * pos)
+
+    def read_tokens(self, pos: int, n: int) -> list[int]:
+        return self.dev.read(self.tokens, np.uint32, offset=4 * pos, size=4 * n).tolist()
+
+    def prefill(self, ids, pos0: int, sample: bool) -> int:
+        """Feed `ids` at positions pos0.. in chunks of `batch` tokens, the last one sampling the next
+        token (at pos0 + len(ids)) where `sample`. Returns the submits it took."""
+        B = self.batch
+        self.write_tokens(pos0, ids)
+        submits = 0
+        for s in range(0, len(ids), B):
+            n = min(B, len(ids) - s)
+            with_sample = s + n == len(ids) and sample
+            self.set_state(pos0 + s, n, n - 1 if with_sample else 0)
+            self.prefill_plan(n, with_sample).run(n)
+            submits += 1
+        return submits
+
+    def prepare_decode(self, max_tokens: int, slots: int):
+        """Readback buffers for `slots` decode batches of up to `max_tokens` tokens, used in turn."""
+        self._staging = [self.dev.buffer(4 * max_tokens, READBACK, "token readback") for _ in range(slots)]
+
+    def record_decode(self, pos: int, k: int):
+        """A recorded batch feeding the token at `pos` and sampling k more, their ids copied to the
+        next readback buffer. The state write is queued now and lands after whatever is already
+        submitted, right before this batch."""
+        self._slot = (self._slot + 1) % len(self._staging)
+        staging = self._staging[self._slot]
+        self.set_state(pos, 1, 0)
+        copy = lambda enc: enc.copy_buffer_to_buffer(self.tokens, 4 * (pos + 1), staging, 0, 4 * k)  # noqa: E731
+        return SimpleNamespace(cb=self.plan_decode.record(1, repeat=k, then=copy), staging=staging, k=k, index=None)
+
+    def submit_decode(self, batch):
+        batch.index = self.dev.submit([batch.cb])
+
+    def decoded_tokens(self, batch) -> list[int]:
+        """The token ids of a submitted batch, once the GPU has written them."""
+        return np.frombuffer(self.dev.read_after(batch.staging, batch.index, 4 * batch.k), np.uint32).tolist()
+
+    def logits(self, ids) -> np.ndarray:
+        """Logits for every position of `ids` (a fresh sequence from position 0), shape (len, vocab)."""
+        V = self.args.vocab_size
+        if len(ids) > self.ctx:
+            raise ContextFullError(f"{len(ids)} tokens do not fit the context of {self.ctx}")
+        self.write_tokens(0, ids)
+        out = np.empty((len(ids), V), np.float32)
+        R = self.logit_rows
+        for s in range(0, len(ids), R):
+            n = min(R, len(ids) - s)
+            self.set_state(s, n, 0)
+            self.plan_logits.run(n)
+            out[s:s + n] = self.dev.read(self.logit_buf, np.float32, 0, n * V * 4).reshape(n, V)
+        return out

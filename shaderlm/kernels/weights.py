@@ -1,4 +1,5 @@
-"""Quantized weight matrices on the GPU, split by rows where one binding can't hold them."""
+"""Weight matrices on the GPU in their compact GGUF form, split by rows where one binding can't hold
+them, and the GPU passes that read or prepare them (dequantize, the Q4_K/Q5_K header regroup)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -6,8 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ModelFormatError
-from ..formats.quants import QuantType, gpu_layout, quant_type, row_chunks
-from ..kernels.ops import k4_regroup
+from . import pipeline
+from .grid import cdiv, grid_1d
+from .quants import QuantType, gpu_layout, quant_type, row_chunks
 
 
 @dataclass
@@ -26,7 +28,8 @@ class GPUWeight:
     cols: int                       # input features (K)
     chunks: list = field(default_factory=list)
     nbytes: int = 0                 # bytes on the GPU (what a full pass over it reads)
-    int8_x: bool = False            # the decode GEMV rounds x to int8 for it (opt-in: Transformer)
+    int8_x: bool = False            # the decode GEMV rounds x to int8 for it (opt-in: --int8-act)
+    x24: bool = True                # the decode GEMV may take x as 24-bit fixed point (exact; kernels/gemv.py)
 
     @property
     def shape(self):
@@ -62,3 +65,22 @@ def concat_rows(dev, name: str, parts, max_binding: int | None = None):
     raw = np.concatenate([np.asarray(p[3]).reshape(-1) for p in parts])
     rows = sum(int(np.prod(p[2][:-1])) for p in parts)
     return upload_weight(dev, name, type_name, (rows, cols), raw, max_binding)
+
+
+def k4_regroup(dev, buf, blocks: int, block_words: int):
+    """Regroup the headers of the first `blocks` Q4_K / Q5_K blocks (block_words words each) of `buf`
+    in place, as the decoders read them (k4_regroup.wgsl); once, at upload."""
+    grid = grid_1d(dev, cdiv(blocks, 256))
+    dev.run_once(pipeline(dev, "k4_regroup"), [dev.uniform(blocks, block_words, grid[0] * 256, 0), buf], grid)
+
+
+def dequantize(dev, weight: GPUWeight) -> np.ndarray:
+    """The f32 values of a GPUWeight, dequantized on the GPU (row-major rows x cols)."""
+    pipe = pipeline(dev, "dequant", QUANT=weight.qtype.kernel)
+    out = np.empty((weight.rows, weight.cols), np.float32)
+    for c in weight.chunks:
+        obuf = dev.buffer(c.rows * weight.cols * 4)
+        dev.run_once(pipe, [dev.uniform(weight.cols, c.rows, c.dbase, 0), c.buffer, obuf],
+                     grid_1d(dev, cdiv(c.rows * weight.cols // 8, 256)))
+        out[c.row0:c.row0 + c.rows] = dev.read(obuf, np.float32).reshape(c.rows, weight.cols)
+    return out

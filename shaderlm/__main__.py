@@ -1,0 +1,6 @@
+"""`python -m shaderlm` is the `shaderlm` command."""
+import sys
+
+from .cli import main
+
+sys.exit(main())

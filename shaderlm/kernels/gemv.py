@@ -1,0 +1,235 @@
+"""The decode GEMV (gemv.wgsl, gemv_rows.wgsl): one token's x times a compact quantized matrix, and
+the shapes it can run in, which the tuner searches per adapter.
+
+A lane loads a chunk of a row's wide block at a time (16-byte loads) and reuses its slice of x over
+several rows; x comes in as 24-bit fixed point for integer dots where the weight type allows (x24:
+each 16-element run of x as integers below 2^22 times a power-of-two scale, three signed byte digits;
+its rounding is under 4 f32 ulps of the run's largest element, the order of an f32 dot's own), or as
+int8 where the weights are flagged for --int8-act (not exact), else as f32.
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+from ..gpu.plan import Dispatch
+from ..gpu.tuner import Tunable
+from . import pipeline
+from .grid import cdiv, grid_1d
+from .tuning import tuned_shape
+
+
+class GemvShape(NamedTuple):
+    wg: int              # lanes per workgroup
+    rows: int            # rows per row group
+    steps: int = 1       # chunk steps per trip over a row
+    groups: int = 1      # row groups per workgroup (HOIST: x converted once for all of them)
+    x24: int = 0         # x as 24-bit fixed point (where the weights allow)
+    bfly: int = 0        # one subgroup butterfly reduces a group's row sums
+    prefetch: int = 0    # the next row group's weights loaded a group ahead (with groups > 1)
+
+    @classmethod
+    def of(cls, shape) -> "GemvShape":
+        """A shape from a tuple or list of 2 to 7 ints (the rest take their defaults)."""
+        return cls(*(int(v) for v in shape))
+
+    @staticmethod
+    def valid(shape) -> bool:
+        """A cached list this kernel could be given."""
+        return (len(shape) == 7 and all(0 < v <= 4096 for v in shape[:4]) and all(v in (0, 1) for v in shape[4:]))
+
+    def label(self) -> str:
+        """WGxROWS[xSTEPS][/GROUPS][ x24][ bf][ pf]"""
+        s = "x".join(map(str, self[:3] if self.steps != 1 else self[:2]))
+        return s + f"/{self.groups}" * (self.groups > 1) + " x24" * self.x24 + " bf" * self.bfly + " pf" * self.prefetch
+
+
+def wide_ok(w) -> bool:
+    """The decode GEMV takes this weight: its type has a wide decoder and K whole wide blocks."""
+    q = w.qtype
+    return q.wide is not None and w.cols % q.wide[0] == 0
+
+
+def can_pair(wa, wb) -> bool:
+    """gemv_pair applies: both weights taken by the decode GEMV, one binding each, the same K."""
+    return wide_ok(wa) and wide_ok(wb) and wa.cols == wb.cols and len(wa.chunks) == len(wb.chunks) == 1
+
+
+def chunks_per_row(w) -> int:
+    """The decode GEMV's chunks (one lane's share of a wide block at a time) in a row of `w`."""
+    block, per_block, _ = w.qtype.wide
+    return w.cols // block * per_block
+
+
+def x24_ok(ws) -> bool:
+    """The weights' GEMV can take x as 24-bit fixed point: their decoders have the integer dot, x24 is
+    allowed for them, and they are not flagged for the int8 x that --int8-act asks for. Where the
+    adapter's integer dots are slow, the tuner's f32 twin wins instead (refine)."""
+    return all(w.qtype.int8_dot and w.x24 and not w.int8_x for w in ws)
+
+
+def default_shape(dev, w, glu: bool = False) -> GemvShape:
+    """The built-in shape for `w`, before tuning.
+
+    The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
+    (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
+    workgroup: enough that a lane has about 128 bytes of loads in flight per chunk step, but no more
+    than keeps about 768 workgroups (small matrices need the parallelism more; in whole decode steps
+    fewer rows won over isolated-GEMV sweeps' choice). One chunk step a trip, one row group."""
+    chunks, load = chunks_per_row(w), w.qtype.wide[2]
+    lim = dev.limit("max-compute-invocations-per-workgroup", 256)
+    wg = 32
+    while wg * 2 <= min(chunks, 128, lim):
+        wg *= 2
+    wg = min(max(wg, dev.subgroup_size or 1), lim)
+    load *= 2 if glu else 1
+    out_rows = w.rows // 2 if glu else w.rows
+    rows = max(1, min(8, round(128 / load), out_rows // 768))
+    return GemvShape(wg, rows)
+
+
+def bfly_values(rows: int, glu: bool) -> int:
+    """The row sums a group of `rows` rows reduces (and GLU's up rows), rounded up to a power of 2:
+    what gemv_rows.wgsl's butterfly (SG_BFLY) takes."""
+    return 1 << (rows * (2 if glu else 1) - 1).bit_length()
+
+
+def bfly_ok(dev, rows: int, glu: bool) -> bool:
+    """gemv_rows.wgsl can reduce a group's row sums in one butterfly: subgroups, and 2 to 8 values
+    within the subgroup size."""
+    return dev.has_subgroups and 2 <= bfly_values(rows, glu) <= min(8, dev.subgroup_size or 1)
+
+
+def hoist_ok(dev, ws, shape) -> bool:
+    """gemv.wgsl can run `shape` with several row groups per workgroup (HOIST): one trip covers every
+    chunk of a row, and the partial sums fit the adapter's workgroup memory."""
+    s = GemvShape.of(shape)
+    part = s.groups * s.rows * s.wg // 2 + 2 * s.wg      # floats: part, norm_part and the reduction buffer
+    return (s.wg * s.steps >= max(map(chunks_per_row, ws)) and s.groups * s.rows <= s.wg
+            and 4 * part <= dev.limit("max-compute-workgroup-storage-size", 16384))
+
+
+def hoist_lanes(dev, chunks: int, steps: int) -> int:
+    """The fewest lanes (a multiple of the subgroup size or of 32, whichever is larger) covering a
+    row's `chunks` in `steps` chunk steps: the row-group shapes' workgroup size."""
+    sgs = max(32, dev.subgroup_size or 1)
+    return max(sgs, -(-chunks // steps // sgs) * sgs)
+
+
+def candidates(dev, ws, glu: bool, default: GemvShape) -> list[GemvShape]:
+    """Shapes the tuner tries for a decode GEMV over weights `ws` (one, or gemv_pair's two): the
+    default first, then workgroups of 32-256 lanes (at least the subgroup, at most twice the chunks
+    of a row, so no more than half the lanes idle) by 1-8 rows (1-4 with GLU, whose rows read two
+    weight rows), one chunk step per trip; and 2 steps for 2, 4 (and 8) rows where a row has chunks
+    for both. Then several row groups per workgroup (HOIST): the fewest lanes that cover a row's
+    chunks in 1 or 2 steps, by 1, 2, 4 or 8 rows (not 8 with GLU) and 2, 4 or 8 groups, where that
+    leaves at least 128 workgroups; each with and without the prefetch. All in the default's x mode
+    (the best one's f32 twin and butterfly twin are tried after: refine)."""
+    def shape(g, r, steps=1, groups=1, pf=0):        # in the default's x mode, the butterfly where it fits
+        return GemvShape(g, r, steps, groups, default.x24, int(default.bfly and bfly_ok(dev, r, glu)), pf)
+    chunks = min(map(chunks_per_row, ws))
+    lim = dev.limit("max-compute-invocations-per-workgroup", 256)
+    sgs = max(32, dev.subgroup_size or 1)
+    wgs = [g for g in (32, 64, 128, 256) if sgs <= g <= min(lim, 2 * chunks)] or [default.wg]
+    rows = (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8)
+    out = [shape(*default[:4], default.prefetch)] + [shape(g, r) for g in wgs for r in rows]
+    out += [shape(g, r, 2) for g in wgs for r in rows if r in (2, 4, 8) and 2 * g <= chunks]
+    most = max(map(chunks_per_row, ws))
+    out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
+    for steps in (1, 2):
+        g = hoist_lanes(dev, most, steps)
+        if g > lim:
+            continue
+        for r in (1, 2, 4) if glu else (1, 2, 4, 8):
+            for groups in (2, 4, 8):
+                if hoist_ok(dev, ws, (g, r, steps, groups)) and out_rows >= 128 * r * groups:
+                    out += [shape(g, r, steps, groups, 1), shape(g, r, steps, groups, 0)]
+    return list(dict.fromkeys(out))
+
+
+def refine(shape) -> list[GemvShape]:
+    """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)
+    and a butterfly shape's twin with a subgroupAdd per row (the butterfly wins on some matrices and
+    loses on others)."""
+    s = GemvShape.of(shape)
+    return [t for t, on in ((s._replace(x24=0), s.x24), (s._replace(bfly=0), s.bfly)) if on]
+
+
+def _tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
+    """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
+    gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
+    first weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged."""
+    base = default_shape(dev, ws[0], glu)
+    default = base._replace(x24=int(x24_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
+    tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
+    s = GemvShape.of(shape or tuned_shape(dev, key) or default)
+    if s.groups > 1 and not hoist_ok(dev, ws, s):
+        raise ValueError(f"GEMV shape {tuple(s)} for {key}: row groups need the {s.wg} x {s.steps} lane steps to "
+                         f"cover a row's {max(map(chunks_per_row, ws))} chunks, a lane per row ({s.groups} x "
+                         f"{s.rows}) and the partial sums to fit workgroup memory")
+    x24 = bool(s.x24) and x24_ok(ws)          # a cached x24 shape with x24 turned off builds f32
+    int8 = all(w.int8_x for w in ws)
+    return tune, dict(WG=s.wg, ROWS=s.rows, STEPS=s.steps, GROUPS=s.groups, HOIST=s.groups > 1,
+                      PF=s.groups > 1 and bool(s.prefetch), INT_DOT=int8 or x24, X24=x24,
+                      **_bfly_defines(dev, s.rows, glu, s.bfly))
+
+
+def _bfly_defines(dev, rows: int, glu: bool, bfly) -> dict:
+    """gemv_rows.wgsl's butterfly reduction (SG_BFLY) of `rows` row sums (and GLU's up rows): the
+    values rounded up to BFN (a power of 2), passed as BF_ARGS, and the subgroup size compiled in (SGC)
+    so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
+    if not (bfly and bfly_ok(dev, rows, glu)):
+        return dict(SG_BFLY=False)
+    bfn = bfly_values(rows, glu)
+    args = [f"acc{i}" for i in range(rows)] + [f"up{i}" for i in range(rows if glu else 0)]
+    return dict(SG_BFLY=True, BFN=bfn, BF2=bfn == 2, BF4=bfn == 4, BF8=bfn == 8, SGC=dev.subgroup_size,
+                BF_TAIL=dev.subgroup_size.bit_length() - bfn.bit_length(),
+                BF_ARGS=", ".join((args + ["0.0"] * 8)[:8]))
+
+
+def _defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
+    """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
+    return dict(QUANT=w.qtype.kernel, WIDE=True, K=w.cols, NROWS=rows, ROW0=row0, DBASE=c.dbase,
+                Y_STRIDE=y_stride, EPS=float(eps))
+
+
+def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
+         glu=False, gelu=False, shape=None) -> list[Dispatch]:
+    """y[row0 + r] (+)= W[r] . x for one token: optionally x RMS-normed by `norm` first, a bias
+    added, and for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`) written.
+    `shape`: a GemvShape (or a prefix of one); default the adapter's tuned one, else default_shape."""
+    key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
+        + " int8x" * w.int8_x
+    tune, sd = _tuning(dev, [w], key, glu, shape, lambda s: gemv(
+        dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
+        glu=glu, gelu=gelu, shape=s))
+    out = []
+    for c in w.chunks:
+        rows = c.rows // 2 if glu else c.rows
+        pipe = pipeline(dev, "gemv", **_defines(w, c, rows, row0 + c.row0, y_stride=y_stride, eps=eps), **sd,
+                        BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
+                        ACT_GELU=gelu)
+        gx, gy, _ = grid_1d(dev, cdiv(rows, sd["ROWS"] * sd["GROUPS"]))
+        out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
+                            lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
+                            bytes=c.buffer.size, tune=tune))
+    return out
+
+
+def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) -> list[Dispatch]:
+    """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
+    then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
+    each; one shape for both (default: the tuned one, else wa's default_shape)."""
+    key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
+           + " norm" * (norm is not None) + " int8x" * (wa.int8_x and wb.int8_x))
+    tune, sd = _tuning(dev, [wa, wb], key, False, shape, lambda s: gemv_pair(
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
+    ca, cb = wa.chunks[0], wb.chunks[0]
+    pipe = pipeline(dev, "gemv", **_defines(wa, ca, wa.rows, 0, y_stride=y_stride, eps=eps), **sd,
+                    DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
+                    NORM=norm is not None)
+    per = sd["ROWS"] * sd["GROUPS"]          # rows per workgroup
+    gx, gy, _ = grid_1d(dev, cdiv(wa.rows, per) + cdiv(wb.rows, per))
+    bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
+    return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
+                     label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size,
+                     tune=tune)]

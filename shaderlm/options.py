@@ -1,0 +1,72 @@
+"""Every setting that changes how shaderlm runs, in one object, read once when a model is loaded.
+
+User settings (each also a CLI flag and a `shaderlm.load` keyword):
+    SHADERLM_DEVICE      adapter index or name substring (--device)
+    SHADERLM_TUNE        auto (tune on GPUs, not on CPU adapters) | 1 (always) | 0 (never, no cache)
+    SHADERLM_CACHE_DIR   where tuned kernel shapes are kept (default ~/.cache/shaderlm)
+    SHADERLM_INT8_ACT    1: decode GEMVs round activations to int8 (faster, not exact; --int8-act)
+    SHADERLM_WEBGPU      the WebGPU package to import (default wgpu; another build of the same API)
+Debug switches, for tests and A/B runs (they change which kernels run, never the results beyond
+rounding):
+    SHADERLM_NO_SUBGROUPS=1   the workgroup-memory kernels instead of the subgroup ones
+    SHADERLM_FUSE=0|1         the fused decode step off/on (default: on for GPUs, off for CPU adapters)
+    SHADERLM_NO_X24=1         f32 activations in the decode GEMVs instead of 24-bit fixed point
+    SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+
+from .errors import ShaderLMError
+
+TUNE_MODES = ("auto", "1", "0")
+
+
+@dataclass(frozen=True)
+class Options:
+    device: str | None = None           # adapter index or name substring; None: high-performance
+    tune: str = "auto"                  # auto | 1 | 0 (see TUNE_MODES)
+    cache_dir: str | None = None        # tuned shapes; None: ~/.cache/shaderlm
+    int8_act: bool = False
+    subgroups: bool = True              # use subgroup operations where the adapter has them
+    fuse: bool | None = None            # the fused decode step; None: the adapter decides
+    x24: bool = True                    # 24-bit fixed-point activations in the decode GEMVs
+    attention_shape: tuple | None = None  # the decode attention kernel's shape override
+
+    def replace(self, **changes) -> "Options":
+        """A copy with the given fields changed; None values leave a field as it is."""
+        return dataclasses.replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+    @classmethod
+    def from_env(cls, env=None) -> "Options":
+        env = os.environ if env is None else env
+        tune = env.get("SHADERLM_TUNE", "auto").lower()
+        if tune not in TUNE_MODES:
+            raise ShaderLMError(f"SHADERLM_TUNE={tune!r}: use one of {', '.join(TUNE_MODES)}")
+        fuse = env.get("SHADERLM_FUSE")
+        return cls(device=env.get("SHADERLM_DEVICE") or None, tune=tune,
+                   cache_dir=env.get("SHADERLM_CACHE_DIR") or None,
+                   int8_act=_flag(env, "SHADERLM_INT8_ACT"), subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
+                   fuse=None if fuse in (None, "") else fuse != "0", x24=not _flag(env, "SHADERLM_NO_X24"),
+                   attention_shape=_ints(env, "SHADERLM_ATTN"))
+
+
+def webgpu_module() -> str:
+    """The WebGPU package gpu/backend.py imports (read when it is first imported)."""
+    return os.environ.get("SHADERLM_WEBGPU") or "wgpu"
+
+
+def _flag(env, name: str) -> bool:
+    return env.get(name, "") not in ("", "0")
+
+
+def _ints(env, name: str) -> tuple | None:
+    raw = env.get(name)
+    if not raw:
+        return None
+    try:
+        return tuple(int(v) for v in raw.split(","))
+    except ValueError:
+        raise ShaderLMError(f"{name}={raw!r}: expected comma-separated integers") from None
