@@ -24,3 +24,20 @@ def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, pr
                                                       fuse=fuse)
     return Model(path, options=opts, ctx=ctx, batch=batch, tokens_per_submit=tokens_per_submit, progress=progress,
                  quantize=quantize)
+
+
+def serve_engine(path=None, *, device=None, ctx=4096, parallel=8, kv_pages=None, queue_size=64, tokens_per_submit=8,
+                 progress=True, quantize=None, tune=None, int8_act=None, cache_dir=None, options=None, log=None):
+    """A serving engine for many prompts at once (continuous batching over a paged KV cache): submit
+    shaderlm.engine.requests.Request objects, iterate each returned stream's events (or `async for`),
+    or engine.generate([...]) for whole texts. `shaderlm serve` runs one behind an HTTP server.
+    parallel: sequences decoded together; ctx: tokens each may hold (prompt and completion);
+    kv_pages: KV-cache pages of 16 tokens (default: room for every sequence to be full); the rest as
+    load(). close() it when done."""
+    from .engine.scheduler import Engine
+    from .options import Options
+    if isinstance(tune, bool):
+        tune = "1" if tune else "0"
+    opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir)
+    return Engine(path, options=opts, parallel=parallel, ctx=ctx, kv_pages=kv_pages, queue_size=queue_size,
+                  tokens_per_submit=tokens_per_submit, progress=progress, quantize=quantize, log=log)

@@ -1,4 +1,4 @@
-"""Command line: shaderlm run | chat | info | perplexity | bench | profile | tune | synth | convert.
+"""Command line: shaderlm run | chat | serve | info | perplexity | bench | profile | tune | synth | convert.
 
 Flags follow llama.cpp's spellings where it has the same thing (-m, -p, -f, -n, -c, -s, --temp,
 --top-k, --top-p).
@@ -144,6 +144,20 @@ def cmd_chat(args):
             print(_stats_line(model), file=sys.stderr)
 
 
+def cmd_serve(args):
+    import shaderlm
+    from .server import serve
+    engine = shaderlm.serve_engine(args.model, device=args.device, ctx=args.ctx or 4096, parallel=args.parallel,
+                                   kv_pages=args.kv_pages, queue_size=args.queue, int8_act=args.int8_act,
+                                   quantize=args.quantize, log=lambda m: print(f"shaderlm: {m}", file=sys.stderr))
+    print(f"shaderlm: serving {engine.model_name} on http://{args.host}:{args.port} (OpenAI API under /v1, "
+          f"a chat page at /)", file=sys.stderr)
+    try:
+        serve(engine, host=args.host, port=args.port, log_level=args.log_level)
+    finally:
+        engine.close()
+
+
 def cmd_info(args):
     from .gpu.device import get_device, list_adapters
     from .options import Options
@@ -245,6 +259,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", "-v", action="store_true", help="print speed after each reply")
     _model_args(p)
     p.set_defaults(fn=cmd_chat)
+
+    p = sub.add_parser("serve", help="an OpenAI-compatible server with continuous batching, and a chat page")
+    _model_args(p, gen=False)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=_int_at_least(1), default=8080)
+    p.add_argument("--parallel", "-np", type=_int_at_least(1), default=8,
+                   help="sequences decoded together (default 8); each up to --ctx-size tokens")
+    p.add_argument("--kv-pages", type=_int_at_least(1), default=None,
+                   help="KV-cache pages of 16 tokens (default: room for every sequence to be full)")
+    p.add_argument("--queue", type=_int_at_least(0), default=64, help="requests that may wait (then 429)")
+    p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("info", help="adapters, features and limits")
     p.add_argument("--device")

@@ -52,7 +52,7 @@ def _rms(x, w, eps):
 
 
 def _state(dev, n):
-    return dev.upload(np.array([0, n, 0, 0], np.uint32))
+    return dev.upload(np.array([0, n, 0, 0, 0, 0, 0, 0], np.uint32))
 
 
 @pytest.mark.parametrize("hd,n_heads,n_kv,n", [(24, 4, 2, 1), (6, 3, 1, 13), (100, 2, 2, 5), (256, 4, 1, 70),

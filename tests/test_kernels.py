@@ -57,7 +57,7 @@ def dev(request):
 
 # ---- helpers -------------------------------------------------------------------------------------
 def state(dev, pos=0, n=1, tok=0, out_row0=0):
-    return dev.upload(np.array([pos, n, tok, out_row0], np.uint32))
+    return dev.upload(np.array([pos, n, tok, out_row0, 0, 0, 0, 0], np.uint32))
 
 
 def run(dev, dispatches, n, repeat=1):
@@ -547,7 +547,7 @@ def sampler(dev, logits, *, temperature=0.0, top_k=0, top_p=1.0, seed=0, ntok=64
 def draw(dev, logits, st_vals, *, repeat=1, ntok=64, **kw):
     """Run the sampler `repeat` times in one submit from state st_vals; returns (tokens, final state)."""
     lb, tb, params = sampler(dev, logits, ntok=ntok, **kw)
-    st = dev.upload(np.array(st_vals, np.uint32))
+    st = dev.upload(np.array(list(st_vals) + [0] * (8 - len(st_vals)), np.uint32))
     run(dev, ops.sample(dev, lb, tb, st, params), 1, repeat=repeat)
     return dev.read(tb, np.uint32)[:ntok], dev.read(st, np.uint32)[:4]
 

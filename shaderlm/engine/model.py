@@ -4,11 +4,11 @@ from __future__ import annotations
 import os
 import sys
 
-from ..formats.tokenizer import StreamDecoder
 from ..models import load, open_model
 from ..models.loading import default_model_path
 from ..options import Options
 from .generate import Generator, Sampling
+from .text import TextStream
 
 
 class Model:
@@ -57,37 +57,23 @@ class Model:
 
     def stream(self, prompt, max_tokens=256, temperature=0.0, top_k=0, top_p=1.0, seed=0, stop=(),
                raw=False, keep_history=False):
-        """Yield pieces of text as they are generated (never half a UTF-8 character)."""
+        """Yield pieces of text as they are generated (never half a UTF-8 character, never part of a
+        stop string)."""
         ids = prompt if _is_ids(prompt) else self.encode_prompt(prompt, raw=raw)
-        dec = StreamDecoder(self.tokenizer)
-        held = ""            # text that could still turn out to start a stop string
-        stops = [s for s in stop if s]
+        text = TextStream(self.tokenizer, stop)
         gen = self.generator.generate(ids, max_tokens, Sampling(temperature, top_k, top_p, seed),
                                       stop_ids=self.tokenizer.eos_ids, keep_history=keep_history)
         for tok in gen:
-            held += dec.push(tok)
-            if stops:
-                cut = min((held.find(s) for s in stops if s in held), default=-1)
-                if cut >= 0:
-                    if held[:cut]:
-                        yield held[:cut]
-                    self.generator.stats.stop_reason = "stop"
-                    gen.close()
-                    return
-                keep = max((len(s) - 1 for s in stops), default=0)
-                safe = len(held) - keep
-                # hold back only a tail that is a prefix of some stop string
-                while safe < len(held) and not any(s.startswith(held[safe:]) for s in stops):
-                    safe += 1
-                if safe > 0:
-                    yield held[:safe]
-                    held = held[safe:]
-            elif held:
-                yield held
-                held = ""
-        held += dec.flush()
-        if held:
-            yield held
+            piece = text.push(tok)
+            if piece:
+                yield piece
+            if text.stopped:
+                self.generator.stats.stop_reason = "stop"
+                gen.close()
+                return
+        piece = text.finish()
+        if piece:
+            yield piece
 
     def generate(self, prompt, **kw) -> str:
         return "".join(self.stream(prompt, **kw))

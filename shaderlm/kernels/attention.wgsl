@@ -5,8 +5,27 @@
 // ROPE (decode, one token): also does rope_store's work - rotates q, takes the new token's K/V from
 // qkv (rotated, rounded to f16 like the cache) and the first head of each KV group stores them -
 // saving a dispatch per layer.
+// PAGED / BATCH: the cache rows of a paged KV cache, and per batch row its own sequence and position
+// (paged.wgsl).
 #include reduce
 #include state
+#if PAGED
+#include paged
+@group(0) @binding(12) var<storage, read> pages: array<u32>;
+#endif
+#if BATCH
+@group(0) @binding(10) var<storage, read> rows: array<u32>;
+@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#endif
+
+// The cache row holding position `pos` of the sequence in slot s.
+fn kv_at(s: u32, pos: u32) -> u32 {
+#if PAGED
+    return kv_row(s, pos);
+#else
+    return pos;
+#endif
+}
 
 // zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
 // (seen on NVIDIA: the new K/V kept f32 precision while the cache held f16)
@@ -41,7 +60,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let hd = p.hd;
     let half_hd = hd / 2u;
     let kvh = h / (p.n_heads / p.n_kv);
+#if BATCH
+    let seq = rows[t];
+    if (seq == NONE) { return; }
+    let qpos = seq_pos[seq];
+#else
+    let seq = st.seq;
     let qpos = st.pos + t;
+#endif
     let qo = t * (p.n_heads + 2u * p.n_kv) * hd + h * hd;
     for (var i = li; i < hd; i += {{WG}}u) { q[i] = qkv[qo + i] * p.scale; }
 #if ROPE
@@ -65,8 +91,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let kr = unpack2x16float(kp ^ p.zero); let vr = unpack2x16float(vp ^ p.zero);
         kcur[2u * j] = kr.x; kcur[2u * j + 1u] = kr.y; vcur[2u * j] = vr.x; vcur[2u * j + 1u] = vr.y;
         if (h % (p.n_heads / p.n_kv) == 0u) {
-            kc[(qpos * p.n_kv + kvh) * half_hd + j] = kp;
-            vc[(qpos * p.n_kv + kvh) * half_hd + j] = vp;
+            kc[(kv_at(seq, qpos) * p.n_kv + kvh) * half_hd + j] = kp;
+            vc[(kv_at(seq, qpos) * p.n_kv + kvh) * half_hd + j] = vp;
         }
     }
 #endif
@@ -81,7 +107,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let key = k0 + li;
         var s = -3.0e38;
         if (key <= qpos) {
-            let kco = (key * p.n_kv + kvh) * half_hd;
+            let kco = (kv_at(seq, key) * p.n_kv + kvh) * half_hd;
             var d = 0.0;
 #if ROPE
             if (key == qpos) {
@@ -116,7 +142,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                         continue;
                     }
 #endif
-                    a += pw[kk] * unpack2x16float(vc[((k0 + kk) * p.n_kv + kvh) * half_hd + j]);
+                    a += pw[kk] * unpack2x16float(vc[(kv_at(seq, k0 + kk) * p.n_kv + kvh) * half_hd + j]);
                 }
                 acc[c] = a;
             }

@@ -11,7 +11,17 @@
 // so a long context keeps many workgroups busy instead of one per head walking every key. Each writes
 // its partial softmax (through atomics: cross-workgroup data in one dispatch) and the last of a head's
 // splits to finish, found by an atomic count, merges them. With one split busy, nothing changes.
+// BATCH (a serving step): grid z is the batch row; each row has its own sequence, position, q, K/V
+// and output rows; PAGED: its cache rows are in its pages of the pool (paged.wgsl).
 #include state
+#if PAGED
+#include paged
+@group(0) @binding(12) var<storage, read> pages: array<u32>;
+#endif
+#if BATCH
+@group(0) @binding(10) var<storage, read> rows: array<u32>;
+@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#endif
 
 // zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
 // (seen on NVIDIA: the new K/V kept f32 precision while the cache held f16)
@@ -49,9 +59,14 @@ fn rotated(d: u32, v: f32, other: f32, f: f32, first: bool, pos: u32) -> f32 {
     return select(select(other * cs.y + v * cs.x, v * cs.x - other * cs.y, first), v, d >= p.rope_dim);
 }
 
-// First word of key `key`'s row for KV head kvh; keys past qpos read qpos's row (loaded, unused).
-fn slot(key: u32, qpos: u32, kvh: u32, half_hd: u32) -> u32 {
+// First word of key `key`'s row for KV head kvh of the sequence in slot s; keys past qpos read
+// qpos's row (loaded, unused).
+fn slot(s: u32, key: u32, qpos: u32, kvh: u32, half_hd: u32) -> u32 {
+#if PAGED
+    return (kv_row(s, min(key, qpos)) * p.n_kv + kvh) * half_hd;
+#else
     return (min(key, qpos) * p.n_kv + kvh) * half_hd;
+#endif
 }
 
 // Merging n partial softmaxes held in sg_m / sg_l / sg_acc: their largest m, returned, with each
@@ -80,16 +95,25 @@ fn merged_out(n: u32, j: u32) -> vec2<f32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) lanes: u32,
         @builtin(subgroup_id) sg: u32, @builtin(num_subgroups) nsg: u32) {
-    let h = wid.x;
     let split = wid.y;
     let hd = p.hd;
     let half_hd = hd / 2u;
-    let kvh = h / (p.n_heads / p.n_kv);
+#if BATCH
+    let b = wid.z;                   // batch row
+    let seq = rows[b];
+    if (seq == NONE) { return; }
+    let qpos = seq_pos[seq];
+#else
+    let b = 0u;
+    let seq = st.seq;
     let qpos = st.pos;
-    let qo = h * hd;
-    let ko = (p.n_heads + kvh) * hd;
+#endif
+    let h = b * p.n_heads + wid.x;   // the head's index over the batch: its output row, partials and count
+    let kvh = wid.x / (p.n_heads / p.n_kv);
+    let qo = b * (p.n_heads + 2u * p.n_kv) * hd + wid.x * hd;
+    let ko = b * (p.n_heads + 2u * p.n_kv) * hd + (p.n_heads + kvh) * hd;
     let vo = ko + p.n_kv * hd;
-    let store = sg == 0u && h % (p.n_heads / p.n_kv) == 0u && split == 0u;
+    let store = sg == 0u && wid.x % (p.n_heads / p.n_kv) == 0u && split == 0u;
     var k_lo = 0u;
     if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
     // splits busy at this position; the others leave before any other load (early in a sequence
@@ -110,8 +134,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // K's store, the compiler could not move them above it. Each trip then loads the next trip's.
 #unroll UNROLL u
 #unroll PAIRS c
-    var nkw$u$c = kc[slot(k_begin + sg * UNROLL + $uu, qpos, kvh, half_hd) + jj$c];
-    var nvw$u$c = vc[slot(k_begin + sg * UNROLL + $uu, qpos, kvh, half_hd) + jj$c];
+    var nkw$u$c = kc[slot(seq, k_begin + sg * UNROLL + $uu, qpos, kvh, half_hd) + jj$c];
+    var nvw$u$c = vc[slot(seq, k_begin + sg * UNROLL + $uu, qpos, kvh, half_hd) + jj$c];
 #end
 #end
     // this lane's pairs of q, and of the new token's K and V as the f16 cache holds them (every
@@ -142,8 +166,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
                                        rotated(d$c + 1u, kb$c, kpb$c, fb$c, pb$c.z == 1u, qpos)));
     let vp$c = pack2x16float(vcur_f$c);
     if (store && live$c) {
-        kc[slot(qpos, qpos, kvh, half_hd) + j$c] = kp$c;
-        vc[slot(qpos, qpos, kvh, half_hd) + j$c] = vp$c;
+        kc[slot(seq, qpos, qpos, kvh, half_hd) + j$c] = kp$c;
+        vc[slot(seq, qpos, qpos, kvh, half_hd) + j$c] = vp$c;
     }
     let kcur$c = unpack2x16float(kp$c ^ p.zero);
     let vcur$c = unpack2x16float(vp$c ^ p.zero);
@@ -160,8 +184,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll PAIRS c
         let kw$u$c = nkw$u$c;
         let vw$u$c = nvw$u$c;
-        nkw$u$c = kc[slot(key$u + nsg * UNROLL, qpos, kvh, half_hd) + jj$c];
-        nvw$u$c = vc[slot(key$u + nsg * UNROLL, qpos, kvh, half_hd) + jj$c];
+        nkw$u$c = kc[slot(seq, key$u + nsg * UNROLL, qpos, kvh, half_hd) + jj$c];
+        nvw$u$c = vc[slot(seq, key$u + nsg * UNROLL, qpos, kvh, half_hd) + jj$c];
 #end
 #end
 #unroll UNROLL u

@@ -1,7 +1,15 @@
 // x[t] = scale * dequant(token_embd[tokens[st.tok + t]]) for the rows held by this chunk.
+// BATCH (a serving step): row t feeds its sequence's next token, at slot s's position in the token
+// buffer's s-th stretch of HIST tokens; a padding row gets zeros.
 #include quant_common
 #include {{QUANT}}
 #include state
+#if BATCH
+const HIST: u32 = {{HIST}}u;
+const NONE: u32 = 0xFFFFFFFFu;
+@group(0) @binding(10) var<storage, read> rows: array<u32>;
+@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#endif
 
 struct P { dim: u32, row0: u32, rows: u32, dbase: u32, scale: f32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -14,7 +22,16 @@ struct P { dim: u32, row0: u32, rows: u32, dbase: u32, scale: f32, _a: u32, _b: 
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = wid.x;
     if (t >= st.n) { return; }
+#if BATCH
+    let s = rows[t];
+    if (s == NONE) {
+        for (var i = li; i < p.dim / 4u; i += 64u) { x[(t * p.dim) / 4u + i] = vec4<f32>(0.0); }
+        return;
+    }
+    let id = tokens[s * HIST + seq_pos[s]];
+#else
     let id = tokens[st.tok + t];
+#endif
     if (id < p.row0 || id >= p.row0 + p.rows) { return; }
     let r = id - p.row0;
     let gpb = QK / 8u;

@@ -99,13 +99,30 @@ def bfly_ok(dev, rows: int, glu: bool) -> bool:
     return dev.has_subgroups and 2 <= bfly_values(rows, glu) <= min(8, dev.subgroup_size or 1)
 
 
+def fits(dev, shape, nt: int = 1) -> bool:
+    """The partial sums of `shape` for nt tokens a workgroup fit the adapter's workgroup memory."""
+    s = GemvShape.of(shape)
+    part = nt * (s.groups * s.rows + 1) * s.wg // 2 + s.wg      # floats: part, norm_part, the reduction buffer
+    return 4 * part <= dev.limit("max-compute-workgroup-storage-size", 16384)
+
+
 def hoist_ok(dev, ws, shape) -> bool:
     """gemv.wgsl can run `shape` with several row groups per workgroup (HOIST): one trip covers every
     chunk of a row, and the partial sums fit the adapter's workgroup memory."""
     s = GemvShape.of(shape)
-    part = s.groups * s.rows * s.wg // 2 + 2 * s.wg      # floats: part, norm_part and the reduction buffer
-    return (s.wg * s.steps >= max(map(chunks_per_row, ws)) and s.groups * s.rows <= s.wg
-            and 4 * part <= dev.limit("max-compute-workgroup-storage-size", 16384))
+    return (s.wg * s.steps >= max(map(chunks_per_row, ws)) and s.groups * s.rows <= s.wg and fits(dev, s))
+
+
+NT_MAX = 4           # tokens a workgroup of a batched GEMV computes at most (their x is in registers)
+
+
+def batch_split(dev, shape, batch: int) -> tuple[int, int]:
+    """(tokens a workgroup, token groups) for a batch of `batch` tokens in `shape`: as many tokens a
+    workgroup as registers and workgroup memory allow, the rest in groups side by side in the grid."""
+    nt = min(batch, NT_MAX)
+    while nt > 1 and not fits(dev, shape, nt):
+        nt -= 1
+    return nt, cdiv(batch, nt)
 
 
 def hoist_lanes(dev, chunks: int, steps: int) -> int:
@@ -154,10 +171,12 @@ def refine(shape) -> list[GemvShape]:
     return [t for t, on in ((s._replace(x24=0), s.x24), (s._replace(bfly=0), s.bfly)) if on]
 
 
-def _tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict]:
+def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
-    first weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged."""
+    first weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged.
+    `batch` tokens (0: one, or as many as the grid's z) share each weight load; the shape is the one
+    tuned for a single token, so that a token's arithmetic is the same in any batch."""
     base = default_shape(dev, ws[0], glu)
     default = base._replace(x24=int(x24_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
     tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
@@ -168,22 +187,26 @@ def _tuning(dev, ws, key: str, glu: bool, shape, rebuild) -> tuple[Tunable, dict
                          f"{s.rows}) and the partial sums to fit workgroup memory")
     x24 = bool(s.x24) and x24_ok(ws)          # a cached x24 shape with x24 turned off builds f32
     int8 = all(w.int8_x for w in ws)
+    nt, tg = batch_split(dev, s, batch) if batch else (1, 1)
     return tune, dict(WG=s.wg, ROWS=s.rows, STEPS=s.steps, GROUPS=s.groups, HOIST=s.groups > 1,
                       PF=s.groups > 1 and bool(s.prefetch), INT_DOT=int8 or x24, X24=x24,
-                      **_bfly_defines(dev, s.rows, glu, s.bfly))
+                      NT=nt, TG=tg, NB=batch or 0xFFFFFFFF, MULTI=nt > 1, **_bfly_defines(dev, s.rows, glu, s.bfly, nt))
 
 
-def _bfly_defines(dev, rows: int, glu: bool, bfly) -> dict:
+def _bfly_defines(dev, rows: int, glu: bool, bfly, nt: int) -> dict:
     """gemv_rows.wgsl's butterfly reduction (SG_BFLY) of `rows` row sums (and GLU's up rows): the
-    values rounded up to BFN (a power of 2), passed as BF_ARGS, and the subgroup size compiled in (SGC)
-    so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
+    values rounded up to BFN (a power of 2), passed as BF_ARGS_j for token j, and the subgroup size
+    compiled in (SGC) so the masks are constants (the kernel checks the subgroup it runs in and falls back)."""
     if not (bfly and bfly_ok(dev, rows, glu)):
         return dict(SG_BFLY=False)
     bfn = bfly_values(rows, glu)
-    args = [f"acc{i}" for i in range(rows)] + [f"up{i}" for i in range(rows if glu else 0)]
+
+    def args(j):
+        names = [f"acc{i}_{j}" for i in range(rows)] + [f"up{i}_{j}" for i in range(rows if glu else 0)]
+        return ", ".join((names + ["0.0"] * 8)[:8])
     return dict(SG_BFLY=True, BFN=bfn, BF2=bfn == 2, BF4=bfn == 4, BF8=bfn == 8, SGC=dev.subgroup_size,
                 BF_TAIL=dev.subgroup_size.bit_length() - bfn.bit_length(),
-                BF_ARGS=", ".join((args + ["0.0"] * 8)[:8]))
+                **{f"BF_ARGS_{j}": args(j) for j in range(nt)})
 
 
 def _defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
@@ -192,44 +215,49 @@ def _defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
                 Y_STRIDE=y_stride, EPS=float(eps))
 
 
+def _grid(dev, n_groups: int, batch: int):
+    """The grid of `n_groups` workgroups: for a batch, fixed; else grid z is the token count."""
+    gx, gy, _ = grid_1d(dev, n_groups)
+    return (gx, gy, 1) if batch else (lambda n: (gx, gy, n))
+
+
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
-         glu=False, gelu=False, shape=None) -> list[Dispatch]:
-    """y[row0 + r] (+)= W[r] . x for one token: optionally x RMS-normed by `norm` first, a bias
-    added, and for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`) written.
+         glu=False, gelu=False, shape=None, batch: int = 0) -> list[Dispatch]:
+    """y[t, row0 + r] (+)= W[r] . x[t]: optionally x RMS-normed by `norm` first, a bias added, and
+    for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`) written. One token (or
+    as many as the grid's z), or `batch` tokens sharing each weight load.
     `shape`: a GemvShape (or a prefix of one); default the adapter's tuned one, else default_shape."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     tune, sd = _tuning(dev, [w], key, glu, shape, lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
-        glu=glu, gelu=gelu, shape=s))
+        glu=glu, gelu=gelu, shape=s, batch=batch), batch)
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
         pipe = pipeline(dev, "gemv", **_defines(w, c, rows, row0 + c.row0, y_stride=y_stride, eps=eps), **sd,
                         BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
                         ACT_GELU=gelu)
-        gx, gy, _ = grid_1d(dev, cdiv(rows, sd["ROWS"] * sd["GROUPS"]))
-        out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]),
-                            lambda n, gx=gx, gy=gy: (gx, gy, n), label=f"gemv.{w.qtype.name}",
-                            bytes=c.buffer.size, tune=tune))
+        grid = _grid(dev, cdiv(rows, sd["ROWS"] * sd["GROUPS"]) * sd["TG"], batch)
+        out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]), grid,
+                            label=f"gemv.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
     return out
 
 
-def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None) -> list[Dispatch]:
+def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None, batch: int = 0) -> list[Dispatch]:
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
-    each; one shape for both (default: the tuned one, else wa's default_shape)."""
+    each; one shape for both (default: the tuned one, else wa's default_shape); tokens as gemv's."""
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
            + " norm" * (norm is not None) + " int8x" * (wa.int8_x and wb.int8_x))
     tune, sd = _tuning(dev, [wa, wb], key, False, shape, lambda s: gemv_pair(
-        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s))
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s, batch=batch), batch)
     ca, cb = wa.chunks[0], wb.chunks[0]
     pipe = pipeline(dev, "gemv", **_defines(wa, ca, wa.rows, 0, y_stride=y_stride, eps=eps), **sd,
                     DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,
                     NORM=norm is not None)
     per = sd["ROWS"] * sd["GROUPS"]          # rows per workgroup
-    gx, gy, _ = grid_1d(dev, cdiv(wa.rows, per) + cdiv(wb.rows, per))
+    grid = _grid(dev, (cdiv(wa.rows, per) + cdiv(wb.rows, per)) * sd["TG"], batch)
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
-    return [Dispatch(pipe, bg, lambda n, gx=gx, gy=gy: (gx, gy, n),
-                     label=f"gemv.{wa.qtype.name}+{wb.qtype.name}", bytes=ca.buffer.size + cb.buffer.size,
-                     tune=tune)]
+    return [Dispatch(pipe, bg, grid, label=f"gemv.{wa.qtype.name}+{wb.qtype.name}",
+                     bytes=ca.buffer.size + cb.buffer.size, tune=tune)]

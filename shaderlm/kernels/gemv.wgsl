@@ -1,6 +1,9 @@
-// Decode GEMV: y[t, row] (+)= sum_k W[row, k] * x[t, k] for GROUPS x ROWS rows per workgroup, token t = z.
-// (Decode runs one token; a few tokens on one grid are for tests and tools: the grid has exactly
-// the batch's tokens, so the kernel reads no token count.)
+// Decode GEMV: y[t, row] (+)= sum_k W[row, k] * x[t, k] for GROUPS x ROWS rows per workgroup.
+// Tokens: single-stream decode runs one; a batch of NB tokens (a serving step) runs NT tokens a
+// workgroup in TG token groups, the groups of the same rows next to each other in the grid so that
+// the later ones find the weights in L2; every token's arithmetic is the same as when it runs alone,
+// so a sequence's results do not depend on its batch. Grid z also counts tokens (NT x TG each: tests
+// and tools run a few tokens on one grid; the grid has exactly the tokens, so NB is then unbounded).
 // Each thread takes one chunk (32 or 64 elements, one or a few 16-byte loads) of the rows' K at a time,
 // strided by the workgroup, so every lane is busy whatever the chunk count (the workgroup size is
 // picked per matrix in ops.py). The chunk's x runs are loaded once into registers and reused for all
@@ -48,18 +51,26 @@ const B_p = P({{K}}u, {{NROWS_B}}u, {{ROW0_B}}u, {{DBASE_B}}u, {{Y_STRIDE}}u, {{
 // Per row, room for the partial sums of WG / 4 subgroups, and as many for GLU's up rows: subgroups
 // of 4 lanes or more (Device.has_subgroups requires it)
 const NPART: u32 = {{WG}}u / 2u;
-var<workgroup> part: array<f32, {{GROUPS}} * {{ROWS}} * NPART>;
-var<workgroup> norm_part: array<f32, {{WG}}>;
+const NT: u32 = {{NT}}u;             // tokens a workgroup computes
+const TG: u32 = {{TG}}u;             // token groups in the grid
+const NB: u32 = {{NB}}u;             // tokens in the batch (rows of x and y)
+var<workgroup> part: array<f32, {{GROUPS}} * {{ROWS}} * NT * NPART>;
+var<workgroup> norm_part: array<f32, NT * NPART>;
 
-// Where a token's x row starts (vec4s): passed down rather than kept in a private variable, to leave
-// the compiler nothing to spill. With NORM, xv returns x * norm weight, and each x vec4 loaded
-// (exactly once per workgroup pass) adds its squares to the calling thread's `ss`.
-struct XRow { base: u32 }
+// Where a token's x row starts (vec4s), and which of the workgroup's tokens it is: passed down rather
+// than kept in a private variable, to leave the compiler nothing to spill. With NORM, xv returns
+// x * norm weight, and each x vec4 loaded (exactly once per workgroup pass) adds its squares to
+// the calling thread's sum for that token (ss0, ss1, ..). A token past the batch reads the last
+// one's row (computed, not written).
+struct XRow { base: u32, j: u32 }
+fn x_row(t: u32, j: u32) -> XRow { return XRow(min(t, NB - 1u) * (p.k / 4u), j); }
 #if SG_BFLY
 const BFN: u32 = {{BFN}}u;       // the row sums a group reduces together (gemv_rows.wgsl), a power of 2
 const SGC: u32 = {{SGC}}u;       // the adapter's probed subgroup size: the butterfly's masks as constants
 #endif
-var<private> ss: f32;
+#unroll NT j
+var<private> ss$j: f32;
+#end
 var<private> x_on: f32;          // HOIST: 0 reads x as zeros (a lane's chunk step past the row's end)
 fn xv(xrow: XRow, i: u32) -> vec4<f32> {
 #if HOIST
@@ -68,7 +79,14 @@ fn xv(xrow: XRow, i: u32) -> vec4<f32> {
     let v = x[xrow.base + i];
 #endif
 #if NORM
-    ss += dot(v, v);
+#if MULTI
+    let q = dot(v, v);
+#unroll NT j
+    if (xrow.j == $ju) { ss$j += q; }
+#end
+#else
+    ss0 += dot(v, v);
+#endif
     return v * nw[i];
 #else
     return v;
@@ -92,15 +110,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let lane = 0u; let sg = 0u; let nsg = 1u; let sgsize = 1u;
 #endif
     red_lane = li;
-    let g = wid.x + wid.y * nwg.x;           // workgroup; the branches below are uniform per workgroup
+    let wg_i = wid.x + wid.y * nwg.x;        // workgroup; the branches below are uniform per workgroup
+    let g = wg_i / TG;                       // its row group
+    let t0 = (wid.z * TG + wg_i % TG) * NT;  // its first token
     let per = {{GROUPS}}u * {{ROWS}}u;       // rows per workgroup
     let wgs = (p.rows + per - 1u) / per;
     if (g < wgs) {
-        rows(g * per, wid.z, li, lane, sg, nsg, sgsize);
+        rows(g * per, t0, li, lane, sg, nsg, sgsize);
     }
 #if DUAL
     else if ((g - wgs) * per < B_p.rows) {
-        B_rows((g - wgs) * per, wid.z, li, lane, sg, nsg, sgsize);
+        B_rows((g - wgs) * per, t0, li, lane, sg, nsg, sgsize);
     }
 #endif
 }

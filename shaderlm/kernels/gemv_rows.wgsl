@@ -1,7 +1,8 @@
 // The row groups of one decode-GEMV workgroup (gemv.wgsl): GROUPS groups of ROWS rows from rbase0, of
-// token t, reduced and written. A function so that gemv.wgsl's DUAL variant can include it a second
-// time as B_rows, over a second weight of another type (`#include gemv_rows as B_` renames the
-// decoder and its w / p).
+// the NT tokens from t0 (a batch: each weight chunk loaded once for all of them, each token's
+// arithmetic exactly as when it runs alone), reduced and written. A function so that gemv.wgsl's DUAL
+// variant can include it a second time as B_rows, over a second weight of another type
+// (`#include gemv_rows as B_` renames the decoder and its w / p).
 // Two ways through a row's chunks:
 //   GROUPS == 1: the workgroup strides over them, STEPS chunk steps per trip, each chunk's x loaded
 //     and converted (x24 / int8) for its ROWS rows.
@@ -9,9 +10,11 @@
 //     their x is loaded and converted once and reused for every row group; the conversion (about
 //     10 operations per x element for x24) is then paid once per GROUPS x ROWS rows instead of ROWS,
 //     and each group's weight loads are issued a group ahead.
-fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32) {
-    let xrow = XRow(t * (p.k / 4u));
-    ss = 0.0;
+fn rows(rbase0: u32, t0: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32) {
+#unroll NT j
+    let xrow$j = x_row(t0 + $ju, $ju);
+    ss$j = 0.0;
+#end
     let chunks = p.k / WQK * CPB;     // a row's chunks (CPB per wide block)
 #if HOIST
     // HOIST: each lane's STEPS chunks (hc) are the same for every group, so their x is converted once,
@@ -33,19 +36,23 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #end
 #unroll STEPS u
     x_on = select(0.0, 1.0, li + $uu * {{WG}}u < chunks);
+#unroll NT j
 #if INT_DOT
-    let xs$u = x_quant(x_chunk(xrow, hc$u / CPB, hc$u % CPB));
+    let xs$u_$j = x_quant(x_chunk(xrow$j, hc$u / CPB, hc$u % CPB));
 #else
-    let xs$u = x_chunk(xrow, hc$u / CPB, hc$u % CPB);
+    let xs$u_$j = x_chunk(xrow$j, hc$u / CPB, hc$u % CPB);
 #endif
+#end
 #end
 #endif
     for (var gi = 0u; gi < {{GROUPS}}u; gi++) {
 #unroll ROWS
-    var acc$i = 0.0;
+#unroll NT j
+    var acc$i_$j = 0.0;
 #if GLU
-    var up$i = 0.0;
+    var up$i_$j = 0.0;
 #endif
+#end
 #end
 #if HOIST
 #if PF
@@ -73,10 +80,12 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
 #unroll STEPS u
     if (li + $uu * {{WG}}u < chunks) {
 #unroll ROWS
-        acc$i += chunk_dot(cw$u_$i, hc$u % CPB, xs$u);
+#unroll NT j
+        acc$i_$j += chunk_dot(cw$u_$i, hc$u % CPB, xs$u_$j);
 #if GLU
-        up$i += chunk_dot(cu$u_$i, hc$u % CPB, xs$u);
+        up$i_$j += chunk_dot(cu$u_$i, hc$u % CPB, xs$u_$j);
 #endif
+#end
 #end
     }
 #end
@@ -101,63 +110,74 @@ fn rows(rbase0: u32, t: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32)
         // for these ROWS rows, and the dots
 #unroll STEPS u
         if (c0 + $uu * {{WG}}u < chunks) {
+#unroll NT j
 #if INT_DOT
-            let xs = x_quant(x_chunk(xrow, b$u, cc$u));   // x as integer digits (x24, or int8)
+            let xs$j = x_quant(x_chunk(xrow$j, b$u, cc$u));   // x as integer digits (x24, or int8)
 #else
-            let xs = x_chunk(xrow, b$u, cc$u);
+            let xs$j = x_chunk(xrow$j, b$u, cc$u);
 #endif
 #unroll ROWS
-            acc$i += chunk_dot(cw$u_$i, cc$u, xs);
+            acc$i_$j += chunk_dot(cw$u_$i, cc$u, xs$j);
 #if GLU
-            up$i += chunk_dot(cu$u_$i, cc$u, xs);
+            up$i_$j += chunk_dot(cu$u_$i, cc$u, xs$j);
 #endif
+#end
 #end
         }
 #end
     }
 #endif
-    // each row's partial sums into part (the workgroup's row rr at part[rr * NPART]: one per
-    // subgroup, the up rows' from NPART / 2)
+    // each row's partial sums, per token, into part (the workgroup's row rr, token j at
+    // part[(rr * NT + j) * NPART]: one per subgroup, the up rows' from NPART / 2)
     let r0 = gi * {{ROWS}}u;
+#unroll NT j
 #if SG_BFLY
     if (sgsize == SGC) {
-        bfly_rows(r0, lane, sg, {{BF_ARGS}});
+        bfly_rows(r0, $ju, lane, sg, {{BF_ARGS_$j}});
     } else {
 #endif
 #if SUBGROUPS
 #unroll ROWS
-    let a$i = subgroupAdd(acc$i);
-    if (lane == 0u) { part[(r0 + $iu) * NPART + sg] = a$i; }
+    let a$i_$j = subgroupAdd(acc$i_$j);
+    if (lane == 0u) { part[((r0 + $iu) * NT + $ju) * NPART + sg] = a$i_$j; }
 #if GLU
-    let u$i = subgroupAdd(up$i);
-    if (lane == 0u) { part[(r0 + $iu) * NPART + NPART / 2u + sg] = u$i; }
+    let u$i_$j = subgroupAdd(up$i_$j);
+    if (lane == 0u) { part[((r0 + $iu) * NT + $ju) * NPART + NPART / 2u + sg] = u$i_$j; }
 #endif
 #end
 #else
 #unroll ROWS
-    let a$i = wg_sum(acc$i);
-    if (li == 0u) { part[(r0 + $iu) * NPART] = a$i; }
+    let a$i_$j = wg_sum(acc$i_$j);
+    if (li == 0u) { part[((r0 + $iu) * NT + $ju) * NPART] = a$i_$j; }
 #if GLU
-    let u$i = wg_sum(up$i);
-    if (li == 0u) { part[(r0 + $iu) * NPART + NPART / 2u] = u$i; }
+    let u$i_$j = wg_sum(up$i_$j);
+    if (li == 0u) { part[((r0 + $iu) * NT + $ju) * NPART + NPART / 2u] = u$i_$j; }
 #endif
 #end
 #endif
 #if SG_BFLY
     }
 #endif
+#end
     }
 #if NORM
+#unroll NT j
 #if SUBGROUPS
-    let q = subgroupAdd(ss);
-    if (lane == 0u) { norm_part[sg] = q; }
+    let q$j = subgroupAdd(ss$j);
+    if (lane == 0u) { norm_part[$ju * NPART + sg] = q$j; }
 #else
-    let q = wg_sum(ss);
-    if (li == 0u) { norm_part[0] = q; }
+    let q$j = wg_sum(ss$j);
+    if (li == 0u) { norm_part[$ju * NPART] = q$j; }
 #endif
+#end
 #endif
     workgroupBarrier();
-    if (li < {{GROUPS}}u * {{ROWS}}u && rbase0 + li < p.rows) { row_out(li, rbase0 + li, t, nsg); }
+    // the outputs: (row, token) pairs, each written by one thread
+    for (var o = li; o < {{GROUPS}}u * {{ROWS}}u * NT; o += {{WG}}u) {
+        let rr = o / NT;
+        let j = o % NT;
+        if (rbase0 + rr < p.rows && t0 + j < NB) { row_out(rr, rbase0 + rr, t0 + j, j, nsg); }
+    }
 }
 
 // The words of chunk c of row r (past the end: the last row, recomputed, its result unused) of the
@@ -166,23 +186,24 @@ fn row_chunk(r: u32, up: u32, c: u32) -> CW {
     return chunk_load((min(r, p.rows - 1u) + up) * (p.k / WQK) + c / CPB, c % CPB);
 }
 
-// The workgroup's row rr (row_i of the weight) from its partial sums: the norm's scale, the
-// activation, the write.
-fn row_out(rr: u32, row_i: u32, t: u32, nsg: u32) {
+// The workgroup's row rr (row_i of the weight) for token t (its j-th) from its partial sums: the
+// norm's scale, the activation, the write.
+fn row_out(rr: u32, row_i: u32, t: u32, j: u32, nsg: u32) {
 #if SUBGROUPS
     let np = nsg;
 #else
     let np = 1u;
 #endif
+    let pr = (rr * NT + j) * NPART;
     var s = 0.0;
-    for (var i = 0u; i < np; i++) { s += part[rr * NPART + i]; }
+    for (var i = 0u; i < np; i++) { s += part[pr + i]; }
 #if GLU
     var su = 0.0;
-    for (var i = 0u; i < np; i++) { su += part[rr * NPART + NPART / 2u + i]; }
+    for (var i = 0u; i < np; i++) { su += part[pr + NPART / 2u + i]; }
 #endif
 #if NORM
     var sq = 0.0;
-    for (var i = 0u; i < np; i++) { sq += norm_part[i]; }
+    for (var i = 0u; i < np; i++) { sq += norm_part[j * NPART + i]; }
     let scale = inverseSqrt(sq / f32(p.k) + p.eps);
     s *= scale;
 #if GLU
@@ -209,8 +230,8 @@ fn bf_pair(a: f32, b: f32, m: u32, lane: u32) -> f32 {
     let hi = (lane & m) != 0u;
     return select(a, b, hi) + subgroupShuffleXor(select(b, a, hi), m);
 }
-fn bfly_rows(r0: u32, lane: u32, sg: u32, v0: f32, v1: f32, v2: f32, v3: f32, v4: f32, v5: f32, v6: f32,
-             v7: f32) {
+fn bfly_rows(r0: u32, j: u32, lane: u32, sg: u32, v0: f32, v1: f32, v2: f32, v3: f32, v4: f32, v5: f32,
+             v6: f32, v7: f32) {
     let h = SGC / 2u;
 #if BF8
     let w0 = bf_pair(v0, v4, h, lane);
@@ -236,11 +257,11 @@ fn bfly_rows(r0: u32, lane: u32, sg: u32, v0: f32, v1: f32, v2: f32, v3: f32, v4
     let q = lane / per;
     if (lane % per == 0u) {
         if (q < {{ROWS}}u) {
-            part[(r0 + q) * NPART + sg] = z;
+            part[((r0 + q) * NT + j) * NPART + sg] = z;
         }
 #if GLU
         else if (q < 2u * {{ROWS}}u) {
-            part[(r0 + q - {{ROWS}}u) * NPART + NPART / 2u + sg] = z;
+            part[((r0 + q - {{ROWS}}u) * NT + j) * NPART + NPART / 2u + sg] = z;
         }
 #endif
     }

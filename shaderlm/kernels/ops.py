@@ -6,6 +6,8 @@ shared `st` state buffer (State in state.wgsl: pos, n, tok, out_row0).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from ..gpu.plan import Dispatch
 from . import pipeline
 from .gemv import gemv, wide_ok
@@ -14,16 +16,37 @@ from .grid import cdiv, grid_1d
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
 
 
+@dataclass
+class Paging:
+    """A paged KV cache (kernels/paged.wgsl): the page table, and for a batched step (`rows` given)
+    each row's sequence slot and each slot's position and stretch of the token buffer."""
+    pages: object               # u32 per (slot, page index): pool page ids
+    page: int                   # positions a page holds
+    max_pages: int              # table entries per slot
+    rows: object = None         # u32 per batch row: its slot, or 0xFFFFFFFF (a padding row)
+    seq_pos: object = None      # u32 per slot: the position of the token it feeds next
+    hist: int = 0               # tokens per slot in the token buffer
+
+    def defines(self) -> dict:
+        return dict(PAGED=True, PAGE=self.page, MAXP=self.max_pages, BATCH=self.rows is not None, HIST=self.hist)
+
+    def bindings(self, res: list) -> list:
+        """`res` padded to bindings 0..12 with, batched, rows (10) and seq_pos (11), and pages (12)."""
+        batched = self.rows is not None
+        return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched else None, self.pages]
+
+
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False,
-           tiled: bool = True) -> list[Dispatch]:
+           tiled: bool = True, batch: int = 0) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
     also fold in the RMSNorm of x (`norm`: the norm weight buffer) and, for a [gate; up] weight, the
     gated activation (`glu`).
     tt > 1: batched tokens, the 64x64-tiled GEMM (matmul_tiled.wgsl) when K allows and `tiled`,
-    else matmul.wgsl taking tt tokens per pass over the weights (better for a few tokens)."""
+    else matmul.wgsl taking tt tokens per pass over the weights (better for a few tokens).
+    batch: a serving step's rows, each a token of its own sequence (the decode GEMV's batch)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         if norm is not None or glu:
             raise ValueError("the tiled GEMM does not fuse norm/glu; run them as separate ops")
@@ -33,7 +56,7 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     if tt == 1 and not from_state_row and wide_ok(w):
         return gemv(dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
-                    norm=norm, eps=eps, glu=glu, gelu=gelu)
+                    norm=norm, eps=eps, glu=glu, gelu=gelu, batch=batch)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = pipeline(dev, "matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
@@ -69,52 +92,67 @@ def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False) -> 
     return Dispatch(pipe, bg, lambda n: (n, 1), label="rmsnorm")
 
 
-def embed(dev, w, tokens, x, st, *, scale: float = 1.0) -> list[Dispatch]:
-    pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel)
+def _paged(paging, defines: dict, res: list) -> tuple[dict, list]:
+    """A kernel's defines and bindings with a paged cache's (or as they are, without one)."""
+    return ({**defines, **paging.defines()}, paging.bindings(res)) if paging else (defines, res)
+
+
+def embed(dev, w, tokens, x, st, *, scale: float = 1.0, paging: Paging | None = None) -> list[Dispatch]:
+    """x rows from the token ids in `tokens` (from st.tok; with a batched paging, each row's sequence's
+    next token)."""
+    batched = paging is not None and paging.rows is not None
     out = []
     for c in w.chunks:
-        params = dev.uniform(w.cols, c.row0, c.rows, c.dbase, float(scale), 0, 0, 0)
-        bg = dev.bind_group(pipe, [params, st, tokens, c.buffer, x])
-        out.append(Dispatch(pipe, bg, lambda n: (n, 1), label="embed"))
+        res = [dev.uniform(w.cols, c.row0, c.rows, c.dbase, float(scale), 0, 0, 0), st, tokens, c.buffer, x]
+        if batched:
+            pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel, BATCH=True, HIST=paging.hist)
+            res += [None] * 5 + [paging.rows, paging.seq_pos]
+        else:
+            pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel)
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="embed"))
     return out
 
 
 def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_dim, rope_dim,
-               neox: bool) -> Dispatch:
-    pipe = pipeline(dev, "rope_store", NEOX=neox)
-    bg = dev.bind_group(pipe, [dev.uniform(n_heads, n_kv, head_dim, rope_dim), st, qkv, inv_freq,
-                               k_cache, v_cache])
-    return Dispatch(pipe, bg, lambda n: (n_heads + n_kv, n), label="rope_store")
+               neox: bool, paging: Paging | None = None) -> Dispatch:
+    defines, res = _paged(paging, dict(NEOX=neox), [dev.uniform(n_heads, n_kv, head_dim, rope_dim), st, qkv,
+                                                     inv_freq, k_cache, v_cache])
+    pipe = pipeline(dev, "rope_store", **defines)
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads + n_kv, n), label="rope_store")
 
 
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
-              neox: bool = False, shape=None) -> Dispatch:
-    """Causal GQA attention over the cache. With `inv_freq` (decode, one token) it also applies
-    RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
+              neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0) -> Dispatch:
+    """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
+    applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
-    attention_shape's where left out. Not autotuned: the best depends on the context length."""
+    attention_shape's where left out. Not autotuned: the best depends on the context length.
+    `paging`: a paged cache; with its rows, `batch` rows of a serving step, each its own sequence."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
     if fused and dev.has_subgroups:
-        # one token: subgroup-parallel kernel (keys split over subgroups, lanes over head dims, and
-        # over `splits` workgroups a head where the context is long)
+        # one token a sequence: subgroup-parallel kernel (keys split over subgroups, lanes over head
+        # dims, and over `splits` workgroups a head where the context is long)
         sgs = dev.subgroup_size
         default = attention_shape(dev, n_heads)
         wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
-        pipe = pipeline(dev, "attention_decode", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
-                        NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits, MINK=min_keys,
-                        MERGE=max(wg // sgs, splits))
-        res = [params, st, qkv, k_cache, v_cache, out, inv_freq]
+        heads = n_heads * max(batch, 1)
+        batched = paging is not None and paging.rows is not None
+        res = [params, None if batched else st, qkv, k_cache, v_cache, out, inv_freq]     # batched: no State
         if splits > 1:
-            res += [dev.scratch(f"attention partials {n_heads}x{splits}x{head_dim}",
-                                4 * n_heads * splits * (2 + head_dim)),
-                    dev.scratch(f"attention split counts {n_heads}", 4 * n_heads)]
-        return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, 1), label="attention_decode")
-    pipe = pipeline(dev, "attention", WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox)
-    bg = dev.bind_group(pipe, [params, st, qkv, k_cache, v_cache, out, inv_freq])
-    return Dispatch(pipe, bg, lambda n: (n_heads, n), label="attention")
+            res += [dev.scratch(f"attention partials {heads}x{splits}x{head_dim}", 4 * heads * splits * (2 + head_dim)),
+                    dev.scratch(f"attention split counts {heads}", 4 * heads)]
+        defines, res = _paged(paging, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs), NEOX=neox,
+                                           UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits, MINK=min_keys,
+                                           MERGE=max(wg // sgs, splits)), res)
+        pipe = pipeline(dev, "attention_decode", **defines)
+        return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
+    defines, res = _paged(paging, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox),
+                          [params, st, qkv, k_cache, v_cache, out, inv_freq])
+    pipe = pipeline(dev, "attention", **defines)
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
@@ -133,15 +171,19 @@ def glu(dev, gate_up, out, st, *, ffn: int, gelu=False) -> Dispatch:
     return Dispatch(pipe, bg, lambda n: (cdiv(ffn, 256), n), label="glu")
 
 
-def sample(dev, logits, tokens, st, params) -> Dispatch:
+def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, batch: int = 0) -> Dispatch:
     """`params`: a uniform buffer from sample_params(); rewritten by the host when settings change.
     The sampler reads row 0 of `logits` as vec4s (Device buffers are whole vec4s; lanes past the
-    vocabulary are masked)."""
+    vocabulary are masked). With a batched paging: `batch` rows of logits (each a whole number of
+    vec4s), each sampled for its row's sequence with that slot's entry of `params` (a storage array)."""
     # 512 threads x 16 vec4 loads in flight each: the measured best (docs/performance.md)
     lim = dev.limit("max-compute-invocations-per-workgroup", 256)
-    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
-    bg = dev.bind_group(pipe, [params, st, logits, tokens])
-    return Dispatch(pipe, bg, (1, 1, 1), label="sample")
+    if paging is None:
+        pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
+        return Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")
+    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist)
+    bg = dev.bind_group(pipe, [params, None, logits, tokens] + [None] * 6 + [paging.rows, paging.seq_pos])
+    return Dispatch(pipe, bg, (batch, 1, 1), label="sample")
 
 
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0) -> tuple:
@@ -165,8 +207,9 @@ def add_rmsnorm(dev, y, w, x, st, *, dim: int, eps: float, next_w=None, xn=None)
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="add_rmsnorm")
 
 
-def softcap(dev, logits, st, *, vocab: int, cap: float) -> Dispatch:
-    """logits = cap * tanh(logits / cap) over this batch's logit rows (from st.out_row0)."""
+def softcap(dev, logits, st, *, vocab: int, cap: float, stride: int = 0) -> Dispatch:
+    """logits = cap * tanh(logits / cap) over this batch's logit rows (from st.out_row0), `stride`
+    floats apart (default: vocab)."""
     pipe = pipeline(dev, "softcap")
-    bg = dev.bind_group(pipe, [dev.uniform(vocab, 0, float(cap), 0), st, logits])
+    bg = dev.bind_group(pipe, [dev.uniform(vocab, stride or vocab, float(cap), 0), st, logits])
     return Dispatch(pipe, bg, lambda n: (cdiv(vocab, 256), n), label="softcap")

@@ -1,6 +1,16 @@
 // RoPE on Q (in place) and K, then K and V into the f16 KV cache at their positions.
-// qkv rows: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]. Cache rows: pos -> n_kv*hd halves packed in u32.
+// qkv rows: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]. Cache rows: pos -> n_kv*hd halves packed in u32
+// (PAGED: the pool row of the position in the sequence's pages; BATCH: each batch row its own sequence
+// and position, see paged.wgsl).
 #include state
+#if PAGED
+#include paged
+@group(0) @binding(12) var<storage, read> pages: array<u32>;
+#endif
+#if BATCH
+@group(0) @binding(10) var<storage, read> rows: array<u32>;
+@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#endif
 
 struct P { n_heads: u32, n_kv: u32, hd: u32, rope_dim: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -24,7 +34,14 @@ fn rotate(base: u32, i: u32, pos: u32) -> vec2<f32> {
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let t = wid.y;
     if (t >= st.n) { return; }
+#if BATCH
+    let seq = rows[t];
+    if (seq == NONE) { return; }
+    let pos = seq_pos[seq];
+#else
+    let seq = st.seq;
     let pos = st.pos + t;
+#endif
     let hd = p.hd;
     let half_hd = hd / 2u;
     let row = t * (p.n_heads + 2u * p.n_kv) * hd;
@@ -51,7 +68,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     storageBarrier();
+#if PAGED
+    let co = (kv_row(seq, pos) * p.n_kv + kh) * half_hd;
+#else
     let co = (pos * p.n_kv + kh) * half_hd;
+#endif
     for (var j = li; j < half_hd; j += 64u) {
         kc[co + j] = pack2x16float(vec2<f32>(qkv[kbase + 2u * j], qkv[kbase + 2u * j + 1u]));
         vc[co + j] = pack2x16float(vec2<f32>(qkv[vbase + 2u * j], qkv[vbase + 2u * j + 1u]));

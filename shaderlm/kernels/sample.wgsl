@@ -12,13 +12,27 @@
 // Every pass over the logits reads them as vec4s, U loads per thread issued before any is used: the
 // pass that read one logit per loop trip waited an L2 round trip for each (at a 128k vocabulary, a
 // large share of a small model's decode step).
+// BATCH (a serving step, or a paged prefill's last token): one workgroup per batch row b, which
+// samples from logits row b with its sequence's own settings and seed, writes the token after the
+// sequence's position in its stretch of HIST tokens and advances that position.
 #include reduce
 #include state
 
 struct P { vocab: u32, top_k: u32, temperature: f32, top_p: f32, seed: u32, _a: u32, _b: u32, _c: u32 }
+#if BATCH
+const HIST: u32 = {{HIST}}u;
+const NONE: u32 = 0xFFFFFFFFu;
+@group(0) @binding(0) var<storage, read> params: array<P>;     // per slot
+@group(0) @binding(10) var<storage, read> rows: array<u32>;
+@group(0) @binding(11) var<storage, read_write> seq_pos: array<u32>;
+var<private> p: P;
+var<private> row_base: u32;          // logits row b's first vec4
+#else
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read_write> st: State;
-// row 0 of the logits as vec4s (Device buffers are whole vec4s); lanes past vocab are masked
+const row_base = 0u;
+#endif
+// a row of the logits as vec4s (rows of whole vec4s); lanes past vocab are masked
 @group(0) @binding(2) var<storage, read> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read_write> tokens: array<u32>;
 
@@ -48,7 +62,7 @@ fn pcg(v: u32) -> u32 {
 
 fn n4() -> u32 { return (p.vocab + 3u) / 4u; }
 // logits[4j .. 4j+4), the index clamped so that every load is unconditional
-fn at(j: u32) -> vec4<f32> { return logits[min(j, n4() - 1u)]; }
+fn at(j: u32) -> vec4<f32> { return logits[row_base + min(j, n4() - 1u)]; }
 // which of those are tokens: j's lanes below vocab (a clamped j past the end has none)
 fn live(j: u32) -> vec4<bool> {
     return vec4<u32>(4u * j) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.vocab);
@@ -338,9 +352,17 @@ fn draw(li: u32, pos: u32, k: u32, m: f32, am: u32, n: u32) -> u32 {
 }
 
 @compute @workgroup_size({{WG}})
-fn main(@builtin(local_invocation_index) li: u32) {
+fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     red_lane = li;
+#if BATCH
+    let s = rows[wid.x];
+    if (s == NONE) { return; }
+    p = params[s];
+    row_base = wid.x * n4();
+    let pos = seq_pos[s] + 1u;          // position the new token will take
+#else
     let pos = st.pos + st.n;            // position the new token will take
+#endif
     var tok = 0u;
     if (p.temperature <= 0.0) {
         tok = argmax(li);
@@ -368,6 +390,12 @@ fn main(@builtin(local_invocation_index) li: u32) {
         }
         tok = draw(li, pos, tp, m, am, n);
     }
+#if BATCH
+    if (li == 0u) {
+        tokens[s * HIST + pos] = tok;
+        seq_pos[s] = pos;
+    }
+#else
     if (li == 0u) {
         tokens[st.tok + st.n] = tok;
         st.pos = st.pos + st.n;
@@ -375,4 +403,5 @@ fn main(@builtin(local_invocation_index) li: u32) {
         st.n = 1u;
         st.out_row0 = 0u;
     }
+#endif
 }

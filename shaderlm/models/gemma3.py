@@ -205,12 +205,12 @@ class Gemma3(Transformer):
         a, L = self.args, self.layers[i]
         post = L.post_attn_norm if block == "attn" else L.post_ffn_norm
         nxt = {} if next_norm is None else dict(next_w=next_norm, xn=self.xn)
-        return ops.matmul(self.dev, w, inp, self.y, self.state, tt=tt, y_stride=a.dim, tiled=self.tiled) + \
-            [ops.add_rmsnorm(self.dev, self.y, post, self.x, self.state, dim=a.dim, eps=a.rms_eps, **nxt)]
+        return self.matmul(w, inp, self.y, y_stride=a.dim) + \
+            [ops.add_rmsnorm(self.dev, self.y, post, self.x, self.b.state, dim=a.dim, eps=a.rms_eps, **nxt)]
 
     def head_ops(self, tt, decode=False):
         out = super().head_ops(tt, decode)
         if self.args.final_logit_softcap:
-            out.append(ops.softcap(self.dev, self.logit_buf, self.state, vocab=self.args.vocab_size,
-                                   cap=self.args.final_logit_softcap))
+            out.append(ops.softcap(self.dev, self.b.logits, self.b.state, vocab=self.args.vocab_size,
+                                   cap=self.args.final_logit_softcap, stride=self.b.logit_stride))
         return out

@@ -10,6 +10,7 @@ batches, read back token ids, set the sampler, logits.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -28,6 +29,21 @@ from .args import ModelArgs
 PREFILL_TT = 8          # tokens per pass of the GEMV kernel in short prefills
 SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of the 64x64 GEMM
 SUPPORTED_TYPES = tuple(QUANT_TYPES)
+
+
+@dataclass
+class Build:
+    """What a plan is built for: the layer builder reads it while it makes the plan's dispatches."""
+    tt: int                         # tokens a pass: PREFILL_TT in prefill, 1 in a decode step
+    state: object                   # the State buffer its kernels read
+    tokens: object                  # the token buffer
+    k: list                         # the KV cache per layer
+    v: list
+    logits: object                  # where the LM head writes, `logit_stride` floats a row
+    logit_stride: int
+    tiled: bool = True              # prefill: the tiled GEMM (else matmul.wgsl's few-token passes)
+    batch: int = 0                  # a serving step: its rows, each a token of its own sequence
+    paging: ops.Paging | None = None   # a paged KV cache (serving)
 
 
 class Transformer:
@@ -214,7 +230,7 @@ class Transformer:
     def _alloc(self):
         a, B, dev = self.args, self.batch, self.dev
         f4 = 4
-        self.state = dev.buffer(16, STORAGE, "state")
+        self.state = dev.buffer(32, STORAGE, "state")        # kernels/state.wgsl's State
         self.tokens = dev.buffer(4 * (self.ctx + 1), STORAGE, "tokens")
         self.x = dev.buffer(B * a.dim * f4, label="x")
         self.xn = dev.buffer(B * a.dim * f4, label="xn")
@@ -260,7 +276,7 @@ class Transformer:
         src, norm = self.norm_input(i, "attn", decode, out)
         out += self.qkv_projection(i, tt, src, norm, decode)
         if L.q_norm is not None:
-            out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.state, n_heads=a.n_heads,
+            out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.b.state, n_heads=a.n_heads,
                                      n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
         out += self.attention_ops(i, decode)
         out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm)
@@ -276,7 +292,7 @@ class Transformer:
         a, w = self.args, getattr(self.layers[i], f"{block}_norm")
         if fused:
             return self.x, dict(norm=w, eps=a.rms_eps)
-        out.append(ops.rmsnorm(self.dev, self.x, w, self.xn, self.state, dim=a.dim, eps=a.rms_eps))
+        out.append(ops.rmsnorm(self.dev, self.x, w, self.xn, self.b.state, dim=a.dim, eps=a.rms_eps))
         return self.xn, {}
 
     def qkv_projection(self, i: int, tt: int, src, norm: dict, decode: bool) -> list:
@@ -285,13 +301,18 @@ class Transformer:
         a, L = self.args, self.layers[i]
         parts, qkv_w = L.qkv, a.q_dim + 2 * a.kv_dim
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
-            return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, **norm)
+            return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch, **norm)
         out, row0 = [], 0
         for w in parts:
-            out += ops.matmul(self.dev, w, src, self.qkv, self.state, tt=tt, y_stride=qkv_w, row0=row0,
-                              bias=L.qkv_bias, tiled=self.tiled, **norm)
+            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, **norm)
             row0 += w.rows
         return out
+
+    def matmul(self, w, x, y, **kw) -> list:
+        """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
+        b = self.b
+        kw.setdefault("tt", b.tt)
+        return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, batch=b.batch, **kw)
 
     def attention_params(self, i: int) -> dict:
         """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
@@ -302,60 +323,62 @@ class Transformer:
     def attention_ops(self, i: int, decode: bool) -> list:
         """RoPE on q and k, the new K/V into the cache, and causal GQA attention over it: one dispatch
         in the fused decode step, two otherwise."""
-        a, dev, st = self.args, self.dev, self.state
+        a, dev, b = self.args, self.dev, self.b
         p = self.attention_params(i)
         inv_freq = p.pop("inv_freq")
-        attn = dict(n_heads=a.n_heads, n_kv=a.n_kv_heads, head_dim=a.head_dim, **p)
+        attn = dict(n_heads=a.n_heads, n_kv=a.n_kv_heads, head_dim=a.head_dim, paging=b.paging, **p)
         if decode:
-            return [ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn,
-                                  inv_freq=inv_freq, rope_dim=a.rope_dim, neox=a.rope_neox,
-                                  shape=self.attention_shape)]
-        return [ops.rope_store(dev, self.qkv, inv_freq, self.k_cache[i], self.v_cache[i], st, n_heads=a.n_heads,
-                               n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox),
-                ops.attention(dev, self.qkv, self.k_cache[i], self.v_cache[i], self.attn, st, **attn)]
+            return [ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn, inv_freq=inv_freq,
+                                  rope_dim=a.rope_dim, neox=a.rope_neox, shape=self.attention_shape, batch=b.batch)]
+        return [ops.rope_store(dev, self.qkv, inv_freq, b.k[i], b.v[i], b.state, n_heads=a.n_heads,
+                               n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox,
+                               paging=b.paging),
+                ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn)]
 
     def residual(self, i: int, block: str, w, inp, tt: int, next_norm=None) -> list:
         """Hook: x += w . inp, the output of layer i's `block`. `next_norm` is the norm the next block
         applies to x where it runs as its own dispatch (an architecture may fold it in here)."""
-        return ops.matmul(self.dev, w, inp, self.x, self.state, tt=tt, y_stride=self.args.dim, accumulate=True,
-                          tiled=self.tiled)
+        return self.matmul(w, inp, self.x, y_stride=self.args.dim, accumulate=True)
 
     def ffn_ops(self, i: int, tt: int, src, norm: dict, fused: bool) -> list:
         """The gated FFN's gate/up matmuls and activation into h: one GEMV in the fused decode step."""
-        a, dev, st, gu = self.args, self.dev, self.state, self.layers[i].gate_up
+        a, gu = self.args, self.layers[i].gate_up
         if fused:
-            return ops.matmul(dev, gu[0], src, self.h, st, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
+            return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
         out, row0 = [], 0
         for w in gu:
-            out += ops.matmul(dev, w, src, self.gu, st, tt=tt, y_stride=2 * a.ffn_dim, row0=row0, tiled=self.tiled)
+            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0)
             row0 += w.rows
-        return out + [ops.glu(dev, self.gu, self.h, st, ffn=a.ffn_dim, gelu=self.gelu)]
+        return out + [ops.glu(self.dev, self.gu, self.h, self.b.state, ffn=a.ffn_dim, gelu=self.gelu)]
 
     # ---- plans ---------------------------------------------------------------------------------
     def head_ops(self, tt: int, decode: bool = False) -> list:
-        """Hook: final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token, row 0)
-        the norm is folded into the LM-head matmul."""
-        a = self.args
+        """Hook: final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token a
+        sequence, from row 0) the norm is folded into the LM-head matmul."""
+        a, b = self.args, self.b
         if decode:
-            return ops.matmul(self.dev, self.lm_head, self.x, self.logit_buf, self.state, tt=1,
-                              y_stride=a.vocab_size, norm=self.out_norm, eps=a.rms_eps)
-        return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, self.state, dim=a.dim, eps=a.rms_eps,
+            return self.matmul(self.lm_head, self.x, b.logits, tt=1, y_stride=b.logit_stride, norm=self.out_norm,
+                               eps=a.rms_eps)
+        return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, b.state, dim=a.dim, eps=a.rms_eps,
                             from_state_row=True),
-                *ops.matmul(self.dev, self.lm_head, self.xn, self.logit_buf, self.state, tt=tt,
-                            y_stride=a.vocab_size, from_state_row=True)]
+                *self.matmul(self.lm_head, self.xn, b.logits, tt=tt, y_stride=b.logit_stride, from_state_row=True)]
+
+    def body(self, build: Build) -> list:
+        """The embedding and every layer's dispatches for `build`."""
+        self.b = build
+        out = ops.embed(self.dev, self.tok_embd, build.tokens, self.x, build.state, scale=self.embed_scale,
+                        paging=build.paging)
+        for i in range(self.args.n_layers):
+            out += self.layer_ops(i, build.tt)
+        return out
 
     def _build_plans(self):
-        dev = self.dev
-
-        def body(tt, tiled=True):
-            self.tiled = tiled
-            out = ops.embed(dev, self.tok_embd, self.tokens, self.x, self.state, scale=self.embed_scale)
-            for i in range(self.args.n_layers):
-                out += self.layer_ops(i, tt)
-            return out
-
-        long_body, short_body, decode_body = body(PREFILL_TT), body(PREFILL_TT, tiled=False), body(1)
-        self.tiled = True
+        dev, V = self.dev, self.args.vocab_size
+        common = dict(state=self.state, tokens=self.tokens, k=self.k_cache, v=self.v_cache, logits=self.logit_buf,
+                      logit_stride=V)
+        long_body = self.body(Build(PREFILL_TT, **common))
+        short_body = self.body(Build(PREFILL_TT, tiled=False, **common))
+        decode_body = self.body(Build(1, **common))
         sampler = ops.sample(dev, self.logit_buf, self.tokens, self.state, self.sample_params)
         head = self.head_ops(1)
         self.plan_prefill = {False: Plan(dev, long_body, "prefill"),                 # layers only
@@ -370,7 +393,7 @@ class Transformer:
         return plans[n <= SHORT_PREFILL]
 
     def set_state(self, pos: int, n: int, out_row0: int):
-        self.dev.write(self.state, np.array([pos, n, pos, out_row0], np.uint32))
+        self.dev.write(self.state, np.array([pos, n, pos, out_row0, 0, 0, 0, 0], np.uint32))
 
     def decode_bytes(self) -> int:
         """Weight bytes one decode step reads (every matrix once, plus norms)."""

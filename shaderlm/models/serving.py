@@ -1,0 +1,183 @@
+"""Many sequences on one model: a paged KV cache and batched decode steps (what engine/scheduler.py
+drives).
+
+Every layer's K and V live in one pool of pages of `page` positions; each sequence slot has a table
+of its pages, so short and long sequences share the memory, and sequences with a common prefix can
+share its pages. A decode step advances every row of a batch, each row a token of its own sequence at
+its own position: the GEMVs read each weight once for the batch (kernels/gemv.py), attention reads
+each row's own pages, and the sampler draws each row's token with its sequence's own settings and
+seed, writing it where that sequence's next step reads it. Every token's arithmetic is the same as
+when its sequence runs alone, so greedy tokens do not depend on the batch.
+
+Positions a slot may hold are `seq_ctx`; the host (the scheduler) allocates pages and writes the
+tables, and keeps each slot's position: a slot's position on the GPU moves one token a step.
+"""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import numpy as np
+
+from ..errors import ShaderLMError
+from ..gpu.device import READBACK, STORAGE, pack_params
+from ..gpu.plan import Plan
+from ..kernels import ops
+from ..kernels.grid import cdiv
+from .transformer import PREFILL_TT, Build, Transformer
+
+NONE = 0xFFFFFFFF                # a padding row of a batch
+BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+
+
+def bucket(n: int) -> int:
+    """The batch size a step of n rows runs at (plans exist for these sizes; the rest is padding)."""
+    for b in BUCKETS:
+        if b >= n:
+            return b
+    raise ValueError(f"a batch of {n} rows is over {BUCKETS[-1]}")
+
+
+class Serving:
+    def __init__(self, net: Transformer, *, slots: int, seq_ctx: int, pages: int | None = None, page: int = 16,
+                 steps_ahead: int = 16, tokens_per_submit: int = 8, in_flight: int = 2):
+        """`slots` sequences at once, each up to `seq_ctx` positions; `pages` in the pool (default:
+        room for every slot to be full). `steps_ahead`: decode steps a slot may run past its last
+        wanted token (queued batches after a stop), whose positions need pages too."""
+        a, dev = net.args, net.dev
+        if slots > BUCKETS[-1]:
+            raise ShaderLMError(f"--parallel {slots} is over the largest batch, {BUCKETS[-1]}")
+        self.net, self.dev, self.slots, self.page = net, dev, slots, page
+        self.seq_ctx = min(seq_ctx, a.context_length)
+        self.hist = self.seq_ctx + steps_ahead + 1             # tokens a slot's stretch of the token buffer holds
+        self.max_pages = cdiv(self.hist, page)
+        self.n_pages = pages or slots * self.max_pages
+        self.k_max = tokens_per_submit
+        row_bytes = page * a.kv_dim * 2                        # f16 K (or V) of one page, one layer
+        if self.n_pages * row_bytes > dev.max_binding:
+            raise ShaderLMError(f"a KV pool of {self.n_pages} pages of {page} positions needs "
+                                f"{self.n_pages * row_bytes:,} bytes a layer, over this adapter's binding limit "
+                                f"of {dev.max_binding:,}: lower --parallel or --ctx")
+        self.kv_bytes = 2 * a.n_layers * self.n_pages * row_bytes
+        self.k = [dev.buffer(self.n_pages * row_bytes, label=f"k pool {i}") for i in range(a.n_layers)]
+        self.v = [dev.buffer(self.n_pages * row_bytes, label=f"v pool {i}") for i in range(a.n_layers)]
+        self.pages = dev.buffer(4 * slots * self.max_pages, label="page tables")
+        self.seq_pos = dev.buffer(4 * slots, label="slot positions")
+        self.tokens = dev.buffer(4 * slots * self.hist, label="slot tokens")
+        self.params = dev.buffer(32 * slots, label="slot sampling")
+        self.rows = dev.buffer(4 * BUCKETS[-1], label="batch rows")
+        self.prefill_row = dev.upload(np.zeros(4, np.uint32), label="prefill row")
+        self.v4 = cdiv(a.vocab_size, 4) * 4                   # logit row stride: whole vec4s for the sampler
+        self.max_rows = bucket(slots)
+        self.logits = dev.buffer(4 * self.v4 * self.max_rows, label="batch logits")
+        self.prefill_state = dev.buffer(32, STORAGE, "prefill state")
+        self._states: dict = {}
+        self._decode: dict = {}
+        self._staging = [dev.buffer(4 * self.max_rows * self.k_max, READBACK, "batch readback")
+                         for _ in range(in_flight + 1)]
+        self._slot = 0
+        for s in range(slots):
+            self.set_sampling(s)
+        self._build_prefill()
+
+    # ---- plans -------------------------------------------------------------------------------
+    def _paging(self, batched: bool) -> ops.Paging:
+        return ops.Paging(self.pages, self.page, self.max_pages, rows=self.rows if batched else None,
+                          seq_pos=self.seq_pos, hist=self.hist)
+
+    def _build(self, tt: int, state, tiled=True, batch=0) -> Build:
+        return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,
+                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=self._paging(batch > 0))
+
+    def _build_prefill(self):
+        """Prefill always takes the tiled GEMM, whose result for a token does not depend on the other
+        tokens of its chunk: a prompt's K/V are the same however it is split (after a cached prefix,
+        say), so a sequence's tokens do not depend on what ran before it."""
+        net, dev = self.net, self.dev
+        one_row = ops.Paging(self.pages, self.page, self.max_pages, rows=self.prefill_row, seq_pos=self.seq_pos,
+                             hist=self.hist)
+        body = net.body(self._build(PREFILL_TT, self.prefill_state))
+        head = net.head_ops(1)
+        sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=one_row, batch=1)
+        self.plan_prefill = Plan(dev, body, "serving prefill")
+        self.plan_prefill_sample = Plan(dev, body + head + [sampler], "serving prefill+sample")
+
+    def decode_plan(self, rows: int) -> Plan:
+        """The decode step of `rows` rows (a bucket size), built on first use."""
+        plan = self._decode.get(rows)
+        if plan is None:
+            net, dev = self.net, self.dev
+            state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
+                                                    f"batch state {rows}")
+            body = net.body(self._build(1, state, batch=rows))
+            sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True),
+                                 batch=rows)
+            plan = self._decode[rows] = Plan(dev, body + net.head_ops(1, decode=net.fuse) + [sampler],
+                                             f"serving decode x{rows}")
+        return plan
+
+    # ---- per-slot state ------------------------------------------------------------------------
+    def set_pages(self, slot: int, pages: list[int]):
+        """Slot `slot`'s page table (its first len(pages) entries)."""
+        if len(pages) > self.max_pages:
+            raise ValueError(f"{len(pages)} pages for a slot of {self.max_pages}")
+        self.dev.write(self.pages, np.asarray(pages, np.uint32), offset=4 * slot * self.max_pages)
+
+    def set_sampling(self, slot: int, temperature=0.0, top_k=0, top_p=1.0, seed=0):
+        vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed)
+        self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
+
+    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool):
+        """Feed `ids` at positions pos0.. of slot `slot` in chunks of the model's prefill batch, the
+        last sampling the token at pos0 + len(ids) where `sample`. Returns the submits it took."""
+        dev = self.dev
+        base = slot * self.hist
+        dev.write(self.tokens, np.asarray(ids, np.uint32), offset=4 * (base + pos0))
+        end, pos, submits = pos0 + len(ids), pos0, 0
+        while pos < end:
+            n = min(end - pos, self.net.batch)
+            last = pos + n == end and sample
+            dev.write(self.prefill_state, np.array([pos, n, base + pos, n - 1 if last else 0, slot, 0, 0, 0],
+                                                   np.uint32))
+            if last:
+                dev.write(self.prefill_row, np.array([slot, 0, 0, 0], np.uint32))
+                dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
+            (self.plan_prefill_sample if last else self.plan_prefill).run(n)
+            pos += n
+            submits += 1
+        if not sample:
+            dev.write(self.seq_pos, np.array([end], np.uint32), offset=4 * slot)
+        return submits
+
+    def read_tokens(self, slot: int, pos: int, n: int) -> list[int]:
+        return self.dev.read(self.tokens, np.uint32, offset=4 * (slot * self.hist + pos), size=4 * n).tolist()
+
+    # ---- decode batches -------------------------------------------------------------------------
+    def record(self, slots: list[int], positions: list[int], k: int):
+        """A recorded batch of k decode steps for the sequences in `slots` (at `positions`: the token
+        each feeds next), their new tokens copied to the next readback buffer."""
+        if not 0 < k <= self.k_max:
+            raise ValueError(f"{k} steps a batch, outside 1..{self.k_max}")
+        rows = bucket(len(slots))
+        plan = self.decode_plan(rows)
+        self._slot = (self._slot + 1) % len(self._staging)
+        staging = self._staging[self._slot]
+        self.dev.write(self.rows, np.array(list(slots) + [NONE] * (rows - len(slots)), np.uint32))
+
+        def copies(enc):
+            for i, (s, p) in enumerate(zip(slots, positions)):
+                enc.copy_buffer_to_buffer(self.tokens, 4 * (s * self.hist + p + 1), staging, 4 * i * k, 4 * k)
+        return SimpleNamespace(cb=plan.record(rows, repeat=k, then=copies), staging=staging, n=len(slots), k=k,
+                               index=None)
+
+    def submit(self, batch):
+        batch.index = self.dev.submit([batch.cb])
+
+    def tokens_of(self, batch) -> np.ndarray:
+        """A submitted batch's new tokens, (rows, k), once the GPU has written them."""
+        raw = self.dev.read_after(batch.staging, batch.index, 4 * batch.n * batch.k)
+        return np.frombuffer(raw, np.uint32).reshape(batch.n, batch.k)
+
+    def last_logits(self, rows: int) -> np.ndarray:
+        """The logits of the last step's first `rows` rows (tests)."""
+        V = self.net.args.vocab_size
+        return self.dev.read(self.logits, np.float32, 0, 4 * self.v4 * rows).reshape(rows, self.v4)[:, :V]
