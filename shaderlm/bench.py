@@ -51,6 +51,37 @@ def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], li
     return out, cpu
 
 
+def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> list[float]:
+    """Aggregate decode tok/s of `batch` sequences at once (llama-batched-bench's S_TG): each with a
+    prompt of `prompt` tokens (prefilled first, not timed), then `gen` batched steps of every sequence."""
+    from .models.serving import Serving
+    k = 8
+    sv = Serving(model.net, slots=batch, seq_ctx=prompt + gen + 2 * k + 2, tokens_per_submit=k)
+    for s in range(batch):
+        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+    out = []
+    for r in range(reps + 1):
+        for s in range(batch):
+            sv.prefill(s, _random_ids(model, prompt, seed=s + 100 * r), 0, sample=True)
+        sv.read_tokens(0, prompt, 1)
+        pos, done, queued = prompt, 0, []
+        t0 = time.perf_counter()
+        while done < gen:
+            while len(queued) < 2 and done + sum(b.k for b in queued) < gen:
+                n = min(k, gen - done - sum(b.k for b in queued))
+                b = sv.record(list(range(batch)), [pos] * batch, n)
+                sv.submit(b)
+                pos += n
+                queued.append(b)
+            b = queued.pop(0)
+            sv.tokens_of(b)
+            done += b.k
+        dt = time.perf_counter() - t0
+        if r:                                   # the first run builds the plan and warms the GPU
+            out.append(batch * gen / dt)
+    return out
+
+
 def run(args):
     import shaderlm
     rows = []
@@ -64,8 +95,9 @@ def run(args):
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
     depth, prompt, gen = max(args.d), max(args.p + [0]), max(args.n + [0])
     need = depth + prompt + gen + 8
+    batches = args.batch_sizes or []
     for path in args.model or [None]:
-        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=args.batch,
+        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=max(args.batch, *batches, 1),
                               tokens_per_submit=args.tokens_per_submit, progress=False,
                               int8_act=args.int8_act)
         if need > model.net.ctx:
@@ -79,11 +111,17 @@ def run(args):
         for d in args.d:
             at = f" @ d{d}" if d else ""
             for p in args.p:
-                if p:
+                if p and not batches:
                     tps = bench_prompt(model, p, args.r, d)
                     rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak, **extra))
             for n in args.n:
                 if not n:
+                    continue
+                if batches:
+                    for b in batches:
+                        tps = bench_batch(model, b, max(args.p[0], 1), n, args.r)
+                        rows.append(_row(name, size, quant, f"pp{args.p[0]}+tg{n} x{b}", tps, 0, peak, batch=b,
+                                         **extra))
                     continue
                 tps, cpu = bench_gen(model, n, args.r, d)
                 rows.append(_row(name, size, quant, f"tg{n}{at}", tps, model.net.decode_bytes(), peak,
@@ -140,6 +178,9 @@ def add_parsers(sub, add_int8_act):
     p.add_argument("--tokens-per-submit", type=int, default=8)
     p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
     p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")
+    p.add_argument("--batch-sizes", "-B", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                   metavar="1,4,16,64", help="batched decode instead (llama-batched-bench's S_TG): this many "
+                   "sequences at once, each a prompt of -p tokens (not timed) then -n tokens")
     p.add_argument("--json", action="store_true")
     add_int8_act(p)
     p.set_defaults(fn=lambda a: run(_defaults(a)))

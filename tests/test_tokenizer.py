@@ -12,6 +12,7 @@ import pytest
 
 from shaderlm.errors import ModelFormatError, UnsupportedError
 from shaderlm.formats.tokenizer import StreamDecoder, Tokenizer, read_gguf_metadata
+from shaderlm.models import open_model
 
 FIXTURES = os.path.join(os.path.dirname(__file__), "fixtures")
 REPLACEMENT = "\ufffd"
@@ -48,7 +49,7 @@ def model(request):
     path = _PATHS[name]()
     with open(os.path.join(FIXTURES, f"tokenizer_{name}.json"), encoding="utf-8") as f:
         data = json.load(f)
-    return name, Tokenizer.from_gguf(path), data
+    return name, open_model(path).tokenizer, data      # as the loader gives it: with its architecture's fallbacks
 
 
 def _cases(data):

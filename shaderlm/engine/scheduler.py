@@ -22,12 +22,14 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from ..errors import ContextFullError, ShaderLMError
 from ..models.serving import Serving
 from ..options import Options
 from .model import Model
 from .pages import PagePool
-from .requests import EngineClosedError, Event, QueueFullError, Request
+from .requests import EngineClosedError, Event, QueueFullError, Request, TokenLogprob
 from .text import TextStream
 
 _ids = itertools.count(1)
@@ -270,16 +272,18 @@ class Engine:
                     r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed)
                     self._ensure_pages(seq, len(seq.prompt) + 1)
                 end = min(len(seq.prompt), seq.prefilled + self.chunk)
-                r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt))
+                r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
+                          logprobs=seq.request.logprobs is not None)
                 seq.prefilled = end
                 if end == len(seq.prompt):
                     self.prefilling.popleft()
                     self.pool.register(seq.prompt, seq.pages)
                     seq.pos = len(seq.prompt)
                     first = r.read_tokens(seq.slot, seq.pos, 1)
+                    lps = r.read_logprobs(seq.slot, seq.pos, 1) if seq.request.logprobs is not None else None
                     with self._cv:
                         self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
-                    if self._take(seq, first[0]):
+                    if self._take(seq, first[0], None if lps is None else lps[0]):
                         self.running.append(seq)
                     else:
                         self._end(seq, seq.finish)
@@ -294,14 +298,16 @@ class Engine:
             k = min(self.k, max(s.wanted() for s in live))       # the others compute a few tokens past their end
             for s in live:
                 self._ensure_pages(s, s.pos + k)
-            batch = r.record([s.slot for s in live], [s.pos for s in live], k)
+            positions = [s.pos for s in live]
+            batch = r.record([s.slot for s in live], positions, k,
+                             logprobs=any(s.request.logprobs is not None for s in live))
             r.submit(batch)
             for s in live:
                 s.pos += k
                 s.in_flight += 1
-            self.in_flight.append((batch, live))
+            self.in_flight.append((batch, live, positions))
         if self.in_flight:
-            batch, seqs = self.in_flight.popleft()
+            batch, seqs, positions = self.in_flight.popleft()
             tokens = r.tokens_of(batch)
             with self._cv:
                 self._recent.append((time.perf_counter(), batch.n * batch.k))
@@ -309,8 +315,9 @@ class Engine:
                     self._recent.popleft()
             for i, s in enumerate(seqs):
                 s.in_flight -= 1
-                for tok in tokens[i]:
-                    if s.finish is not None or s.cancelled or not self._take(s, int(tok)):
+                lps = r.read_logprobs(s.slot, positions[i] + 1, batch.k) if s.request.logprobs is not None else None
+                for j, tok in enumerate(tokens[i]):
+                    if s.finish is not None or s.cancelled or not self._take(s, int(tok), None if lps is None else lps[j]):
                         break
         for s in [s for s in self.running if s.finish is not None or s.cancelled]:
             self.running.remove(s)
@@ -319,8 +326,9 @@ class Engine:
             self.draining.remove(s)
             self._end(s, s.finish or "cancelled")
 
-    def _take(self, seq: Sequence, tok: int) -> bool:
-        """Hand out token `tok` of seq; False once seq has ended (its reason in seq.finish)."""
+    def _take(self, seq: Sequence, tok: int, lp=None) -> bool:
+        """Hand out token `tok` of seq (with its logprobs row `lp` where asked); False once seq has
+        ended (its reason in seq.finish)."""
         if seq.request.stop_at_eos and tok in self.tokenizer.eos_ids:
             seq.finish = "stop"
             return False
@@ -330,7 +338,12 @@ class Engine:
             seq.finish = "stop"
         elif seq.generated >= seq.max_tokens:
             seq.finish = "length"
-        seq.stream._put(Event(text=piece, token_ids=[tok]))
+        logprobs = []
+        if lp is not None:
+            ids = lp[1::2].view(np.uint32)
+            top = [(int(i), float(v)) for i, v in zip(ids, lp[2::2])][:seq.request.logprobs]
+            logprobs = [TokenLogprob(tok, float(lp[0]), top)]
+        seq.stream._put(Event(text=piece, token_ids=[tok], logprobs=logprobs))
         return seq.finish is None
 
     def _end(self, seq: Sequence, reason: str):

@@ -186,6 +186,18 @@ def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, bat
     return Dispatch(pipe, bg, (batch, 1, 1), label="sample")
 
 
+TOPN = 20           # the most likely tokens a logprobs request may ask for (OpenAI's top_logprobs limit)
+
+
+def logprobs(dev, logits, tokens, out, *, vocab: int, paging: Paging, batch: int) -> Dispatch:
+    """For each of `batch` rows (after the batched sampler), the sampled token's log-probability
+    and the TOPN most likely tokens' into `out` at slot and position (kernels/logprobs.wgsl)."""
+    pipe = pipeline(dev, "logprobs", WG=256, HIST=paging.hist, TOPN=TOPN)
+    res = [dev.uniform(vocab, cdiv(vocab, 4), 0, 0), None, logits, tokens, out] + [None] * 5 + \
+        [paging.rows, paging.seq_pos]
+    return Dispatch(pipe, dev.bind_group(pipe, res), (batch, 1, 1), label="logprobs")
+
+
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0) -> tuple:
     return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, 0, 0, 0)
 

@@ -46,6 +46,8 @@ class Serving:
         a, dev = net.args, net.dev
         if slots > BUCKETS[-1]:
             raise ShaderLMError(f"--parallel {slots} is over the largest batch, {BUCKETS[-1]}")
+        if bucket(slots) > net.batch:
+            raise ShaderLMError(f"--parallel {slots}: the model's activation buffers hold {net.batch} rows")
         self.net, self.dev, self.slots, self.page = net, dev, slots, page
         self.seq_ctx = min(seq_ctx, a.context_length)
         self.hist = self.seq_ctx + steps_ahead + 1             # tokens a slot's stretch of the token buffer holds
@@ -70,6 +72,8 @@ class Serving:
         self.max_rows = bucket(slots)
         self.logits = dev.buffer(4 * self.v4 * self.max_rows, label="batch logits")
         self.prefill_state = dev.buffer(32, STORAGE, "prefill state")
+        self.lp_width = 1 + 2 * ops.TOPN                       # floats of logprobs a token
+        self.lp = None                                         # made when a request first asks for logprobs
         self._states: dict = {}
         self._decode: dict = {}
         self._staging = [dev.buffer(4 * self.max_rows * self.k_max, READBACK, "batch readback")
@@ -97,22 +101,36 @@ class Serving:
                              hist=self.hist)
         body = net.body(self._build(PREFILL_TT, self.prefill_state))
         head = net.head_ops(1)
+        self._one_row = one_row
         sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=one_row, batch=1)
         self.plan_prefill = Plan(dev, body, "serving prefill")
         self.plan_prefill_sample = Plan(dev, body + head + [sampler], "serving prefill+sample")
+        self._prefill_lp = None
 
-    def decode_plan(self, rows: int) -> Plan:
-        """The decode step of `rows` rows (a bucket size), built on first use."""
-        plan = self._decode.get(rows)
+    def _logprobs(self, paging, rows: int):
+        """The logprobs dispatch after a sampler of `rows` rows (its buffer made on first use)."""
+        if self.lp is None:
+            self.lp = self.dev.buffer(4 * self.slots * self.hist * self.lp_width, label="slot logprobs")
+        return ops.logprobs(self.dev, self.logits, self.tokens, self.lp, vocab=self.net.args.vocab_size,
+                            paging=paging, batch=rows)
+
+    def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
+        """The decode step of `rows` rows (a bucket size), with the logprobs pass or not, built on
+        first use."""
+        plan = self._decode.get((rows, logprobs))
         if plan is None:
-            net, dev = self.net, self.dev
-            state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
-                                                    f"batch state {rows}")
-            body = net.body(self._build(1, state, batch=rows))
-            sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True),
-                                 batch=rows)
-            plan = self._decode[rows] = Plan(dev, body + net.head_ops(1, decode=net.fuse) + [sampler],
-                                             f"serving decode x{rows}")
+            if (rows, False) in self._decode and logprobs:
+                base = self._decode[rows, False].dispatches
+            else:
+                net, dev = self.net, self.dev
+                state = self._states.get(rows) or dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32),
+                                                             STORAGE, f"batch state {rows}")
+                self._states[rows] = state
+                body = net.body(self._build(1, state, batch=rows))
+                base = body + net.head_ops(1, decode=net.fuse) + [
+                    ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True), batch=rows)]
+            extra = [self._logprobs(self._paging(True), rows)] if logprobs else []
+            plan = self._decode[rows, logprobs] = Plan(self.dev, base + extra, f"serving decode x{rows}")
         return plan
 
     # ---- per-slot state ------------------------------------------------------------------------
@@ -126,9 +144,10 @@ class Serving:
         vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed)
         self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
 
-    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool):
+    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False):
         """Feed `ids` at positions pos0.. of slot `slot` in chunks of the model's prefill batch, the
-        last sampling the token at pos0 + len(ids) where `sample`. Returns the submits it took."""
+        last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked).
+        Returns the submits it took."""
         dev = self.dev
         base = slot * self.hist
         dev.write(self.tokens, np.asarray(ids, np.uint32), offset=4 * (base + pos0))
@@ -141,7 +160,12 @@ class Serving:
             if last:
                 dev.write(self.prefill_row, np.array([slot, 0, 0, 0], np.uint32))
                 dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
-            (self.plan_prefill_sample if last else self.plan_prefill).run(n)
+            if last and logprobs:
+                if self._prefill_lp is None:
+                    self._prefill_lp = Plan(dev, self.plan_prefill_sample.dispatches + [self._logprobs(self._one_row, 1)])
+                self._prefill_lp.run(n)
+            else:
+                (self.plan_prefill_sample if last else self.plan_prefill).run(n)
             pos += n
             submits += 1
         if not sample:
@@ -151,14 +175,21 @@ class Serving:
     def read_tokens(self, slot: int, pos: int, n: int) -> list[int]:
         return self.dev.read(self.tokens, np.uint32, offset=4 * (slot * self.hist + pos), size=4 * n).tolist()
 
+    def read_logprobs(self, slot: int, pos: int, n: int) -> np.ndarray:
+        """(n, 1 + 2 TOPN): the logprobs of the tokens at positions pos.. of slot `slot`."""
+        w = self.lp_width
+        raw = self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w, size=4 * n * w)
+        return raw.reshape(n, w)
+
     # ---- decode batches -------------------------------------------------------------------------
-    def record(self, slots: list[int], positions: list[int], k: int):
+    def record(self, slots: list[int], positions: list[int], k: int, logprobs: bool = False):
         """A recorded batch of k decode steps for the sequences in `slots` (at `positions`: the token
-        each feeds next), their new tokens copied to the next readback buffer."""
+        each feeds next), their new tokens copied to the next readback buffer (and with `logprobs`
+        their logprobs, for the slots that asked: read them with read_logprobs)."""
         if not 0 < k <= self.k_max:
             raise ValueError(f"{k} steps a batch, outside 1..{self.k_max}")
         rows = bucket(len(slots))
-        plan = self.decode_plan(rows)
+        plan = self.decode_plan(rows, logprobs)
         self._slot = (self._slot + 1) % len(self._staging)
         staging = self._staging[self._slot]
         self.dev.write(self.rows, np.array(list(slots) + [NONE] * (rows - len(slots)), np.uint32))

@@ -1,0 +1,221 @@
+"""The serving engine on the GPU (lavapipe in CI): batched decode against single-stream decode, the
+scheduler (continuous batching, prefix cache, cancellation, pages freed), and the real engine
+behind the HTTP server with the official `openai` client."""
+from __future__ import annotations
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import shaderlm
+from shaderlm.engine.requests import Request
+from shaderlm.models.serving import Serving
+
+from fake_engine import running_server
+
+try:
+    from synth_models import random_ids
+except ImportError:  # tests/ imported as a package
+    from tests.synth_models import random_ids
+
+N = 14
+
+
+def _generate_batched(sv: Serving, prompts: dict, n: int, k: int = 4) -> dict:
+    """slot -> the n greedy tokens of its prompt, all slots decoded together."""
+    for s, p in prompts.items():
+        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+        sv.prefill(s, p, 0, True)
+    got = {s: sv.read_tokens(s, len(p), 1) for s, p in prompts.items()}
+    pos = {s: len(p) for s, p in prompts.items()}
+    while len(next(iter(got.values()))) < n:
+        steps = min(k, n - len(next(iter(got.values()))))
+        b = sv.record(list(prompts), [pos[s] for s in prompts], steps)
+        sv.submit(b)
+        for row, s in zip(sv.tokens_of(b), prompts):
+            got[s] += row.tolist()
+            pos[s] += steps
+    return got
+
+
+@pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0"),
+                                               ("qwen3", "tiny", "Q4_1")])
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant, fuse):
+    """Sequences decoded in batches of other sizes and neighbours give the same greedy tokens as
+    decoded alone (Model.generate_tokens), and bit-identical logits in every batch they are in."""
+    path = synth_gguf(seed=2, preset=preset, arch=arch, quant=quant)
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=fuse)
+    prompts = [random_ids(m.config.vocab_size, n, seed) for seed, n in enumerate((5, 19, 40, 11, 33))]
+    want = [m.generate_tokens(p, N, stop_at_eos=False) for p in prompts]
+    sv = Serving(m.net, slots=5, seq_ctx=128, tokens_per_submit=4)
+    logits = {}
+    for mix in ([0], [2, 0, 4], [1, 3, 0, 2, 4], [3, 1]):
+        got = _generate_batched(sv, {s: prompts[i] for s, i in enumerate(mix)}, N)
+        assert [got[s] for s in range(len(mix))] == [want[i] for i in mix], mix
+        for s, i in enumerate(mix):
+            logits.setdefault(i, []).append(sv.last_logits(len(mix))[s])
+    for i, rows in logits.items():
+        for r in rows[1:]:
+            assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
+
+
+@pytest.fixture(scope="module")
+def engine(synth_gguf):
+    path = synth_gguf(seed=3, preset="tiny", arch="llama", quant="Q8_0")
+    e = shaderlm.serve_engine(path, parallel=4, ctx=160, queue_size=12, progress=False)
+    yield e
+    e.close()
+
+
+def _settled(engine):
+    """Wait until the engine has nothing running, then check that every page and slot is free."""
+    import time
+    for _ in range(200):
+        s = engine.stats()
+        if s["running"] == 0 and s["waiting"] == 0 and not engine.draining and not engine.in_flight:
+            break
+        time.sleep(0.05)
+    assert engine.pool.used == 0 and engine.pool.reserved == 0, (engine.pool.used, engine.pool.reserved)
+    assert sorted(engine.free_slots) == list(range(engine.parallel))
+
+
+def test_engine_continuous_batching_and_stops(engine):
+    """More requests than slots, of different lengths and settings: each gets what it gets alone."""
+    m = engine.model
+    prompts = [random_ids(m.config.vocab_size, n, 10 + n) for n in (4, 30, 9, 17, 25, 6)]
+    want = [m.generate_tokens(p, 10 + i, stop_at_eos=False) for i, p in enumerate(prompts)]
+    streams = [engine.submit(Request(p, max_tokens=10 + i, stop_at_eos=False)) for i, p in enumerate(prompts)]
+    for s, w in zip(streams, want):
+        events = list(s)
+        assert [t for ev in events for t in ev.token_ids] == w
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == len(w)
+    # a stop string ends a completion before it, and seeded sampling repeats
+    text = engine.generate([Request(prompts[1], max_tokens=12, stop_at_eos=False)])[0]
+    assert len(text) > 3
+    stop = text[2:4]
+    cut = engine.generate([Request(prompts[1], max_tokens=12, stop_at_eos=False, stop=[stop])])[0]
+    assert cut == text[:text.index(stop)]
+    a, b = engine.generate([Request(prompts[2], max_tokens=10, temperature=0.9, top_k=20, seed=5, stop_at_eos=False)
+                            for _ in range(2)])
+    assert a == b
+    _settled(engine)
+
+
+def test_prefix_cache(engine):
+    """A prompt that begins like an earlier one takes that one's full pages from the cache, and
+    computes the same tokens."""
+    m = engine.model
+    shared = random_ids(m.config.vocab_size, 50, 7)
+    p1, p2 = shared + [5, 6, 7], shared + [9, 8]
+    want = m.generate_tokens(p2, 8, stop_at_eos=False)
+    engine.generate([Request(p1, max_tokens=4, stop_at_eos=False)])
+    before = engine.stats()["cached_prompt_tokens_total"]
+    out = [t for ev in engine.submit(Request(p2, max_tokens=8, stop_at_eos=False)) for t in ev.token_ids]
+    assert engine.stats()["cached_prompt_tokens_total"] - before == 48      # 3 whole pages of 16
+    assert out == want
+    _settled(engine)
+
+
+def test_logprobs(engine):
+    """Each token's logprob and its top 3 against a softmax of the model's logits (NumPy)."""
+    m = engine.model
+    p = random_ids(m.config.vocab_size, 9, 3)
+    events = list(engine.submit(Request(p, max_tokens=5, stop_at_eos=False, logprobs=3)))
+    toks = [t for ev in events for t in ev.token_ids]
+    lps = [lp for ev in events for lp in ev.logprobs]
+    ref = m.logits(p + toks).astype(np.float64)
+    ref = ref - ref.max(1, keepdims=True)
+    ref -= np.log(np.exp(ref).sum(1, keepdims=True))
+    assert len(lps) == len(toks) == 5
+    for j, (t, lp) in enumerate(zip(toks, lps)):
+        row = ref[len(p) - 1 + j]
+        assert lp.token == t and abs(lp.logprob - row[t]) < 1e-3
+        assert [i for i, _ in lp.top] == np.argsort(-row, kind="stable")[:3].tolist()
+        assert np.allclose([v for _, v in lp.top], np.sort(row)[::-1][:3], atol=1e-3)
+
+
+def test_openai_client_against_the_engine(engine, capsys):
+    """The official client, streamed and not: the greedy reply is `shaderlm run --temp 0`'s."""
+    from openai import OpenAI
+
+    from shaderlm.cli import main
+    prompt = "the quick brown fox"
+    assert main(["run", "-m", engine.model.path, "--raw", "--temp", "0", "-n", "12", "-c", "160", prompt]) == 0
+    want = capsys.readouterr().out[:-1]              # run ends the completion with a newline
+    with running_server(engine) as url:
+        client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+        r = client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=12, temperature=0)
+        assert r.choices[0].text == want and r.usage.completion_tokens <= 12
+        chunks = client.completions.create(model=engine.model_name, prompt=prompt, max_tokens=12, temperature=0,
+                                           stream=True)
+        assert "".join(c.choices[0].text for c in chunks if c.choices) == want
+        chat = client.chat.completions.create(model=engine.model_name, max_tokens=6,
+                                              messages=[{"role": "user", "content": "hello"}])
+        assert chat.choices[0].finish_reason in ("stop", "length")
+    _settled(engine)
+
+
+def test_many_clients_cancels_and_bad_requests(engine):
+    """16 concurrent streams (more than slots and queue), a third closed early, with malformed and
+    oversize requests among them: every request is answered (or refused with 429), the server still
+    answers after, and every KV page and slot is free again."""
+    import httpx
+    from openai import AsyncOpenAI, RateLimitError
+
+    async def one(client, i):
+        try:
+            stream = await client.chat.completions.create(
+                model=engine.model_name, max_tokens=40, temperature=0.5, seed=i, stream=True,
+                messages=[{"role": "user", "content": f"tell me about {i} foxes"}])
+            got = 0
+            async for chunk in stream:
+                got += 1
+                if i % 3 == 0 and got == 3:           # the client goes away mid-stream
+                    await stream.close()
+                    return "cancelled"
+            return "done"
+        except RateLimitError:
+            return "429"
+
+    async def bad(url):
+        async with httpx.AsyncClient() as c:
+            codes = [(await c.post(f"{url}/v1/chat/completions", content=b"{not json")).status_code,
+                     (await c.post(f"{url}/v1/chat/completions", json={"messages": "hi"})).status_code,
+                     (await c.post(f"{url}/v1/completions", json={"prompt": "a " * 400, "max_tokens": 4})).status_code]
+        return codes
+
+    async def main(url):
+        client = AsyncOpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=120)
+        results = await asyncio.gather(*[one(client, i) for i in range(16)], bad(url))
+        return results[:-1], results[-1]
+
+    with running_server(engine) as url:
+        results, codes = asyncio.run(main(url))
+        assert codes == [400, 400, 400]
+        assert set(results) <= {"done", "cancelled", "429"} and results.count("done") >= 4, results
+        assert httpx.get(f"{url}/health").json()["status"] == "ok"
+        _settled(engine)
+        r = httpx.post(f"{url}/v1/completions", json={"prompt": "the dog", "max_tokens": 3, "temperature": 0})
+        assert r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("stop", "length")
+    _settled(engine)
+
+
+def test_real_model_chat_equals_run(smollm2_path, capsys):
+    """The real SmolLM2 through the server: a greedy chat reply is what `shaderlm run --temp 0` prints."""
+    from openai import OpenAI
+
+    from shaderlm.cli import main
+    prompt = "What is the capital of France?"
+    assert main(["run", "-m", smollm2_path, "--temp", "0", "-n", "12", "-c", "256", prompt]) == 0
+    want = capsys.readouterr().out[:-1]
+    e = shaderlm.serve_engine(smollm2_path, parallel=2, ctx=256, progress=False)
+    try:
+        with running_server(e) as url:
+            client = OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=300)
+            r = client.chat.completions.create(model=e.model_name, max_tokens=12, temperature=0,
+                                               messages=[{"role": "user", "content": prompt}])
+            assert r.choices[0].message.content == want
+    finally:
+        e.close()
