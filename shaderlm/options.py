@@ -12,6 +12,7 @@ rounding):
     SHADERLM_FUSE=0|1         the fused decode step off/on (default: on for GPUs, off for CPU adapters)
     SHADERLM_NO_X24=1         f32 activations in the decode GEMVs instead of 24-bit fixed point
     SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
+    SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 1)
 """
 from __future__ import annotations
 
@@ -34,6 +35,7 @@ class Options:
     fuse: bool | None = None            # the fused decode step; None: the adapter decides
     x24: bool = True                    # 24-bit fixed-point activations in the decode GEMVs
     attention_shape: tuple | None = None  # the decode attention kernel's shape override
+    batch_tokens: int = 1               # tokens a workgroup of a batched decode GEMV computes at most
 
     def replace(self, **changes) -> "Options":
         """A copy with the given fields changed; None values leave a field as it is."""
@@ -50,7 +52,8 @@ class Options:
                    cache_dir=env.get("SHADERLM_CACHE_DIR") or None,
                    int8_act=_flag(env, "SHADERLM_INT8_ACT"), subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
                    fuse=None if fuse in (None, "") else fuse != "0", x24=not _flag(env, "SHADERLM_NO_X24"),
-                   attention_shape=_ints(env, "SHADERLM_ATTN"))
+                   attention_shape=_ints(env, "SHADERLM_ATTN"),
+                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (1,))[0])
 
 
 def webgpu_module() -> str:

@@ -113,13 +113,11 @@ def hoist_ok(dev, ws, shape) -> bool:
     return (s.wg * s.steps >= max(map(chunks_per_row, ws)) and s.groups * s.rows <= s.wg and fits(dev, s))
 
 
-NT_MAX = 4           # tokens a workgroup of a batched GEMV computes at most (their x is in registers)
-
-
-def batch_split(dev, shape, batch: int) -> tuple[int, int]:
-    """(tokens a workgroup, token groups) for a batch of `batch` tokens in `shape`: as many tokens a
-    workgroup as registers and workgroup memory allow, the rest in groups side by side in the grid."""
-    nt = min(batch, NT_MAX)
+def batch_split(dev, shape, batch: int, nt_max: int = 1) -> tuple[int, int]:
+    """(tokens a workgroup, token groups) for a batch of `batch` tokens in `shape`: up to nt_max tokens
+    a workgroup (their x digits are in registers) as workgroup memory allows, the rest in groups side
+    by side in the grid."""
+    nt = max(1, min(batch, nt_max))
     while nt > 1 and not fits(dev, shape, nt):
         nt -= 1
     return nt, cdiv(batch, nt)
@@ -171,7 +169,7 @@ def refine(shape) -> list[GemvShape]:
     return [t for t, on in ((s._replace(x24=0), s.x24), (s._replace(bfly=0), s.bfly)) if on]
 
 
-def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0) -> tuple[Tunable, dict]:
+def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max: int = 1) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
     first weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged.
@@ -187,7 +185,7 @@ def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0) -> tup
                          f"{s.rows}) and the partial sums to fit workgroup memory")
     x24 = bool(s.x24) and x24_ok(ws)          # a cached x24 shape with x24 turned off builds f32
     int8 = all(w.int8_x for w in ws)
-    nt, tg = batch_split(dev, s, batch) if batch else (1, 1)
+    nt, tg = batch_split(dev, s, batch, nt_max) if batch else (1, 1)
     return tune, dict(WG=s.wg, ROWS=s.rows, STEPS=s.steps, GROUPS=s.groups, HOIST=s.groups > 1,
                       PF=s.groups > 1 and bool(s.prefetch), INT_DOT=int8 or x24, X24=x24,
                       NT=nt, TG=tg, NB=batch or 0xFFFFFFFF, MULTI=nt > 1, **_bfly_defines(dev, s.rows, glu, s.bfly, nt))
@@ -222,7 +220,7 @@ def _grid(dev, n_groups: int, batch: int):
 
 
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
-         glu=False, gelu=False, shape=None, batch: int = 0) -> list[Dispatch]:
+         glu=False, gelu=False, shape=None, batch: int = 0, nt_max: int = 1) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t]: optionally x RMS-normed by `norm` first, a bias added, and
     for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`) written. One token (or
     as many as the grid's z), or `batch` tokens sharing each weight load.
@@ -231,7 +229,7 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
         + " int8x" * w.int8_x
     tune, sd = _tuning(dev, [w], key, glu, shape, lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
-        glu=glu, gelu=gelu, shape=s, batch=batch), batch)
+        glu=glu, gelu=gelu, shape=s, batch=batch, nt_max=nt_max), batch, nt_max)
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
@@ -244,14 +242,15 @@ def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=No
     return out
 
 
-def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None, batch: int = 0) -> list[Dispatch]:
+def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None, batch: int = 0,
+              nt_max: int = 1) -> list[Dispatch]:
     """Two weights of different types over the same x in one dispatch (gemv.wgsl DUAL): wa's rows
     then wb's, written consecutively from row 0 (decode's Q+K in Q4_K and V in Q6_K). One binding
     each; one shape for both (default: the tuned one, else wa's default_shape); tokens as gemv's."""
     key = (f"gemv_pair {wa.qtype.name}+{wb.qtype.name} {wa.rows}+{wb.rows}x{wa.cols}"
            + " norm" * (norm is not None) + " int8x" * (wa.int8_x and wb.int8_x))
     tune, sd = _tuning(dev, [wa, wb], key, False, shape, lambda s: gemv_pair(
-        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s, batch=batch), batch)
+        dev, wa, wb, x, y, y_stride=y_stride, norm=norm, eps=eps, shape=s, batch=batch, nt_max=nt_max), batch, nt_max)
     ca, cb = wa.chunks[0], wb.chunks[0]
     pipe = pipeline(dev, "gemv", **_defines(wa, ca, wa.rows, 0, y_stride=y_stride, eps=eps), **sd,
                     DUAL=True, QUANT_B=wb.qtype.kernel, NROWS_B=wb.rows, ROW0_B=wa.rows, DBASE_B=cb.dbase,

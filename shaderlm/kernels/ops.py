@@ -38,7 +38,7 @@ class Paging:
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False,
-           tiled: bool = True, batch: int = 0) -> list[Dispatch]:
+           tiled: bool = True, batch: int = 0, nt_max: int = 1) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
@@ -56,7 +56,7 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     if tt == 1 and not from_state_row and wide_ok(w):
         return gemv(dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
-                    norm=norm, eps=eps, glu=glu, gelu=gelu, batch=batch)
+                    norm=norm, eps=eps, glu=glu, gelu=gelu, batch=batch, nt_max=nt_max)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = pipeline(dev, "matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,

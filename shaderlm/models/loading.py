@@ -197,7 +197,8 @@ def load(opened: OpenedModel, options: Options, *, ctx=None, batch=256, progress
     else:
         open_cache(dev, options.cache_dir)
     net = opened.arch(dev, opened.source, opened.args, ctx=ctx, batch=batch, progress=progress, fuse=options.fuse,
-                      int8_act=options.int8_act, x24=options.x24, attention_shape=options.attention_shape)
+                      int8_act=options.int8_act, x24=options.x24, attention_shape=options.attention_shape,
+                      batch_tokens=options.batch_tokens)
     if tune:
         net.tune(options.cache_dir, log=log or (lambda m: print(f"shaderlm: {m}", file=sys.stderr)))
     return net

@@ -61,7 +61,7 @@ class Transformer:
 
     def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
                  progress=None, fuse: bool | None = None, int8_act: bool = False, x24: bool = True,
-                 attention_shape=None):
+                 attention_shape=None, batch_tokens: int = 1):
         self.dev = dev
         self.source = source
         self.args = args
@@ -72,6 +72,7 @@ class Transformer:
         self.int8_act = int8_act      # decode GEMVs with int8 x where the type allows (not exact)
         self.x24 = x24
         self.attention_shape = attention_shape
+        self.batch_tokens = batch_tokens        # a batched decode GEMV's tokens a workgroup, at most
         self.weight_bytes = 0
         self._sampling = None
         self._staging: list = []
@@ -301,7 +302,8 @@ class Transformer:
         a, L = self.args, self.layers[i]
         parts, qkv_w = L.qkv, a.q_dim + 2 * a.kv_dim
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
-            return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch, **norm)
+            return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch,
+                             nt_max=self.batch_tokens, **norm)
         out, row0 = [], 0
         for w in parts:
             out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, **norm)
@@ -312,7 +314,7 @@ class Transformer:
         """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
         b = self.b
         kw.setdefault("tt", b.tt)
-        return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, batch=b.batch, **kw)
+        return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, batch=b.batch, nt_max=self.batch_tokens, **kw)
 
     def attention_params(self, i: int) -> dict:
         """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
