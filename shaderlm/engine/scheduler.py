@@ -348,13 +348,17 @@ class Engine:
 
     def _end(self, seq: Sequence, reason: str):
         """seq is done: its slot and pages go back, its stream gets the last event."""
+        self._give_back(seq)
+        self._finish(seq, reason)
+
+    def _give_back(self, seq: Sequence):
+        """seq's pages, page reservation and slot go back to the engine."""
         self.pool.release(seq.pages)
         self.pool.unreserve(seq.reserved)
         seq.pages, seq.reserved = [], 0
         if seq.slot >= 0:
             self.free_slots.append(seq.slot)
             seq.slot = -1
-        self._finish(seq, reason)
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None):
         with self._cv:
@@ -372,10 +376,5 @@ class Engine:
             self.running, self.draining = [], []
             self.in_flight.clear()
         for seq in seqs:
-            self.pool.release(seq.pages)
-            self.pool.unreserve(seq.reserved)
-            seq.pages, seq.reserved = [], 0
-            if seq.slot >= 0:
-                self.free_slots.append(seq.slot)
-                seq.slot = -1
+            self._give_back(seq)
             self._finish(seq, "error", message)

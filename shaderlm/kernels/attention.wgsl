@@ -6,16 +6,14 @@
 // qkv (rotated, rounded to f16 like the cache) and the first head of each KV group stores them -
 // saving a dispatch per layer.
 // PAGED / BATCH: the cache rows of a paged KV cache, and per batch row its own sequence and position
-// (paged.wgsl).
+// (paged.wgsl, batch_rows.wgsl).
 #include reduce
 #include state
 #if PAGED
 #include paged
-@group(0) @binding(12) var<storage, read> pages: array<u32>;
 #endif
 #if BATCH
-@group(0) @binding(10) var<storage, read> rows: array<u32>;
-@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#include batch_rows
 #endif
 
 // The cache row holding position `pos` of the sequence in slot s.

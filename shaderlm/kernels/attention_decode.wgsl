@@ -16,11 +16,9 @@
 #include state
 #if PAGED
 #include paged
-@group(0) @binding(12) var<storage, read> pages: array<u32>;
 #endif
 #if BATCH
-@group(0) @binding(10) var<storage, read> rows: array<u32>;
-@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#include batch_rows
 #endif
 
 // zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op

@@ -6,9 +6,7 @@
 #include state
 #if BATCH
 const HIST: u32 = {{HIST}}u;
-const NONE: u32 = 0xFFFFFFFFu;
-@group(0) @binding(10) var<storage, read> rows: array<u32>;
-@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#include batch_rows
 #endif
 
 struct P { dim: u32, row0: u32, rows: u32, dbase: u32, scale: f32, _a: u32, _b: u32, _c: u32 }

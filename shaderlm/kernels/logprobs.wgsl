@@ -7,14 +7,12 @@
 
 const HIST: u32 = {{HIST}}u;
 const TOPN: u32 = {{TOPN}}u;
-const NONE: u32 = 0xFFFFFFFFu;
+#include batch_rows
 struct P { vocab: u32, n4: u32, _a: u32, _b: u32 }     // n4: vec4s a logits row
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(2) var<storage, read> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> tokens: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
-@group(0) @binding(10) var<storage, read> rows: array<u32>;
-@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
 
 const WG: u32 = {{WG}}u;
 var<workgroup> best_v: array<f32, WG>;

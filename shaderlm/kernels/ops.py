@@ -18,8 +18,9 @@ WG = 256            # threads per workgroup for the simple elementwise/row kerne
 
 @dataclass
 class Paging:
-    """A paged KV cache (kernels/paged.wgsl): the page table, and for a batched step (`rows` given)
-    each row's sequence slot and each slot's position and stretch of the token buffer."""
+    """A paged KV cache (kernels/paged.wgsl): the page table, and for a batched step (`rows` given,
+    kernels/batch_rows.wgsl) each row's sequence slot and each slot's position and stretch of the
+    token buffer."""
     pages: object               # u32 per (slot, page index): pool page ids
     page: int                   # positions a page holds
     max_pages: int              # table entries per slot

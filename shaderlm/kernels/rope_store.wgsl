@@ -1,15 +1,13 @@
 // RoPE on Q (in place) and K, then K and V into the f16 KV cache at their positions.
 // qkv rows: [q (n_heads*hd) | k (n_kv*hd) | v (n_kv*hd)]. Cache rows: pos -> n_kv*hd halves packed in u32
 // (PAGED: the pool row of the position in the sequence's pages; BATCH: each batch row its own sequence
-// and position, see paged.wgsl).
+// and position: paged.wgsl, batch_rows.wgsl).
 #include state
 #if PAGED
 #include paged
-@group(0) @binding(12) var<storage, read> pages: array<u32>;
 #endif
 #if BATCH
-@group(0) @binding(10) var<storage, read> rows: array<u32>;
-@group(0) @binding(11) var<storage, read> seq_pos: array<u32>;
+#include batch_rows
 #endif
 
 struct P { n_heads: u32, n_kv: u32, hd: u32, rope_dim: u32 }
