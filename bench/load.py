@@ -1,6 +1,7 @@
 """Drive an OpenAI-compatible server with N concurrent streamed chat completions (the official
 `openai` async client) and report time to first token and inter-token latency percentiles, aggregate
-tokens/s, and every completion checked (a finish reason, as many tokens as usage says, no error).
+tokens/s, and every completion checked (no error, a finish reason, usage counts; with --logprobs as many
+tokens streamed as usage says).
 
     python bench/load.py --url http://127.0.0.1:8080 -c 64 -n 128 --requests 128
 """
@@ -13,32 +14,38 @@ import time
 
 
 def pct(values, q):
-    if not values:
+    s = sorted(v for v in values if v == v)      # NaN (no token streamed) left out
+    if not s:
         return float("nan")
-    s = sorted(values)
     return s[min(len(s) - 1, int(q / 100 * len(s)))]
 
 
-async def one(client, model, i, n, temperature):
+async def one(client, model, i, n, temperature, logprobs):
+    """One streamed request. Tokens are timed as their chunks arrive: chunks with text, or with
+    `logprobs` every token's chunk (a token that decodes to no text, as a synthetic model's padding
+    tokens do, streams no chunk of its own otherwise)."""
     t0 = time.perf_counter()
     stamps, text, finish, usage = [], [], None, None
+    extra = dict(logprobs=True, top_logprobs=0) if logprobs else {}
     stream = await client.chat.completions.create(
         model=model, max_tokens=n, temperature=temperature, seed=i, stream=True,
-        stream_options={"include_usage": True},
+        stream_options={"include_usage": True}, **extra,
         messages=[{"role": "user", "content": f"Request {i}: write a long story about the number {i}."}])
     async for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
         for c in chunk.choices:
-            if c.delta.content:
-                stamps.append(time.perf_counter())
-                text.append(c.delta.content)
+            tokens = len(c.logprobs.content or []) if c.logprobs else 0
+            if c.delta.content or tokens:       # (text held back until the end comes without logprobs)
+                stamps += [time.perf_counter()] * (tokens if logprobs else 1)
+                text.append(c.delta.content or "")
             if c.finish_reason:
                 finish = c.finish_reason
-    ok = finish in ("stop", "length") and usage is not None and usage.completion_tokens > 0
+    ok = finish in ("stop", "length") and usage is not None and usage.completion_tokens > 0 \
+        and (not logprobs or len(stamps) == usage.completion_tokens)
     return dict(ok=ok, ttft=(stamps[0] - t0) if stamps else float("nan"),
                 itl=[b - a for a, b in zip(stamps, stamps[1:])], tokens=usage.completion_tokens if usage else 0,
-                finish=finish)
+                finish=f"{finish}, {len(stamps)} tokens streamed, usage {usage.completion_tokens if usage else None}")
 
 
 async def main(args):
@@ -50,7 +57,7 @@ async def main(args):
     async def bounded(i):
         async with sem:
             try:
-                return await one(client, model, i, args.n, args.temperature)
+                return await one(client, model, i, args.n, args.temperature, args.logprobs)
             except Exception as e:  # noqa: BLE001 - counted as a failure, reported below
                 return dict(ok=False, ttft=float("nan"), itl=[], tokens=0, finish=f"{type(e).__name__}: {e}")
 
@@ -58,14 +65,15 @@ async def main(args):
     results = await asyncio.gather(*[bounded(i) for i in range(args.requests)])
     wall = time.perf_counter() - t0
     failed = [r for r in results if not r["ok"]]
-    ttft = [r["ttft"] for r in results if r["ok"]]
+    ttft = [r["ttft"] for r in results if r["ok"] and r["ttft"] == r["ttft"]]
     itl = [x for r in results if r["ok"] for x in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
     print(f"{model}: {args.requests} requests, {args.concurrency} at once, max_tokens {args.n}, {wall:.1f} s")
     print(f"completed {len(results) - len(failed)}, failed {len(failed)}"
           + (f" (first: {failed[0]['finish']})" if failed else ""))
     print(f"tokens {tokens}, aggregate {tokens / wall:.1f} tok/s")
-    print(f"TTFT ms: p50 {1e3 * pct(ttft, 50):.1f}  p99 {1e3 * pct(ttft, 99):.1f}  max {1e3 * max(ttft, default=0):.1f}")
+    print(f"TTFT ms ({len(ttft)} requests that streamed a token): p50 {1e3 * pct(ttft, 50):.1f}  "
+          f"p99 {1e3 * pct(ttft, 99):.1f}  max {1e3 * max(ttft, default=float('nan')):.1f}")
     print(f"inter-token ms: p50 {1e3 * pct(itl, 50):.2f}  p99 {1e3 * pct(itl, 99):.2f}  "
           f"mean {1e3 * statistics.fmean(itl) if itl else float('nan'):.2f}")
     return 1 if failed else 0
@@ -79,6 +87,9 @@ if __name__ == "__main__":
     ap.add_argument("--requests", type=int, default=0, help="requests in all (default: the concurrency)")
     ap.add_argument("-n", type=int, default=128, help="max_tokens of each")
     ap.add_argument("--temperature", type=float, default=0.7)
+    ap.add_argument("--logprobs", action="store_true",
+                    help="ask for logprobs, so that every token streams a chunk and is timed (for models "
+                         "whose tokens may decode to no text, such as synthetic ones)")
     a = ap.parse_args()
     a.requests = a.requests or a.concurrency
     raise SystemExit(asyncio.run(main(a)))

@@ -204,6 +204,21 @@ def test_many_clients_cancels_and_bad_requests(engine):
     _settled(engine)
 
 
+def test_load_script(engine):
+    """bench/load.py against a live server: every completion checked, each token of each stream
+    timed (with --logprobs, as many as usage counts)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
+    with running_server(engine) as url:
+        r = subprocess.run([sys.executable, str(script), "--url", url, "-c", "6", "--requests", "8", "-n", "10",
+                            "--logprobs"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "completed 8, failed 0" in r.stdout and "TTFT ms (8 requests" in r.stdout, r.stdout
+    _settled(engine)
+
+
 def test_real_model_chat_equals_run(smollm2_path, capsys):
     """The real SmolLM2 through the server: a greedy chat reply is what `shaderlm run --temp 0` prints."""
     from openai import OpenAI
