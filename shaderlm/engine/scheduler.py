@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import ContextFullError, ShaderLMError
+from ..errors import ContextFullError
 from ..models.serving import Serving
 from ..options import Options
 from .model import Model

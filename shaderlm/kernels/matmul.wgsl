@@ -71,10 +71,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     }
 #endif
     for (var row = wid.x * nsg + sg; row < p.rows; row += nwg.x * nsg) {
+        // zeroed by hand: naga hoists a loop body's `var` to the function's start, so its implicit zero
+        // would not come back on the next row
         var acc: array<f32, TT>;
 #if GLU
         var acc2: array<f32, TT>;
 #endif
+        for (var t = 0u; t < TT; t++) {
+            acc[t] = 0.0;
+#if GLU
+            acc2[t] = 0.0;
+#endif
+        }
         for (var g = lane; g < groups; g += lanes) {
             let v = dq8(row * bpr + g / gpb, g % gpb);
 #if GLU

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from ..gpu.plan import Dispatch
 from . import pipeline
 from .gemv import gemv, wide_ok
-from .grid import cdiv, grid_1d
+from .grid import cdiv
 
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
 
