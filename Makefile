@@ -26,9 +26,22 @@ vulkan:
 run: vulkan $(VENV)/.ready
 	$(VENV)/bin/shaderlm run "$(PROMPT)" -n 64
 
+# Other adapters take other kernel paths, and lavapipe takes them too when told. After the whole suite,
+# each configuration runs the tests that reach the kernels it changes (kept small: CI has 20 minutes
+# on 2 cores). The kernel tests already run every subgroup kernel with subgroups and without, and the
+# model tests load each model fused and unfused.
+#  - no subgroups (older Intel and mobile GPUs, some WebGPU implementations): the model-level tests;
+#  - f32 activations in the decode GEMVs (what the tuner picks where integer dots are slow): the same;
+#  - 16-lane subgroups (lavapipe's are 8, NVIDIA's 32, AMD's 32 or 64; llvmpipe's vector width sets
+#    it, and does nothing on a GPU): the tests of the kernels whose code depends on the size.
+SIZE_KERNELS := default and (gemv or matmul_types or matmul_fused or attention)
+
 test: vulkan $(VENV)/.ready
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
+	SHADERLM_NO_SUBGROUPS=1 $(PY) -m pytest -q tests/test_archs.py tests/test_model.py
+	SHADERLM_NO_X24=1 $(PY) -m pytest -q tests/test_archs.py tests/test_model.py
+	LP_NATIVE_VECTOR_WIDTH=512 $(PY) -m pytest -q tests/test_kernels.py -k "$(SIZE_KERNELS)"
 
 clean:
 	rm -rf $(VENV)

@@ -18,6 +18,7 @@ from shaderlm.gpu.plan import Plan
 from shaderlm.kernels import ops
 from shaderlm.models import open_model
 from shaderlm.models.gemma3 import Gemma3
+from shaderlm.options import Options
 
 from reference import reference_logits
 
@@ -51,6 +52,11 @@ def _rms(x, w, eps):
     return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
 
 
+def _device():
+    """The device models load on: SHADERLM_NO_SUBGROUPS (a CI configuration) takes subgroups away."""
+    return get_device(None, Options.from_env().subgroups)
+
+
 def _state(dev, n):
     return dev.upload(np.array([0, n, 0, 0, 0, 0, 0, 0], np.uint32))
 
@@ -60,7 +66,7 @@ def _state(dev, n):
 def test_head_norm_kernel(hd, n_heads, n_kv, n):
     """Every Q and K head of every token normalized in place with its own weights; V untouched; rows
     past n untouched. Odd sizes: head_dim not a multiple of the workgroup, over it, and tiny."""
-    dev = get_device()
+    dev = _device()
     rng = np.random.default_rng(hd + n)
     eps = 1e-6
     W = (n_heads + 2 * n_kv) * hd
@@ -83,7 +89,7 @@ def test_head_norm_kernel(hd, n_heads, n_kv, n):
 @pytest.mark.parametrize("dim,n,nxt", [(96, 3, False), (640, 5, True), (100, 1, True), (37, 9, True)])
 def test_add_rmsnorm_kernel(dim, n, nxt):
     """x += rmsnorm(y) * w, and with NEXT also xn = rmsnorm(new x) * w2 (Gemma's post-norms)."""
-    dev = get_device()
+    dev = _device()
     rng = np.random.default_rng(dim + n)
     eps = 1e-6
     x = rng.standard_normal((n + 1, dim)).astype(np.float32)
@@ -128,9 +134,9 @@ def test_split_attention_decode_matches_reference(synth_gguf, name, monkeypatch)
     (SHADERLM_ATTN): every layer's attention in a step merges its splits and leaves the shared count
     at 0 for the next, Gemma's window (8) limiting its sliding layers to 2 splits. The same checks
     as test_greedy_decode_matches_reference."""
-    dev = get_device()
+    dev = _device()
     if not dev.has_subgroups:
-        pytest.skip("the decode attention kernel needs subgroups")
+        pytest.skip("the split decode attention kernel needs subgroups")
     monkeypatch.setenv("SHADERLM_ATTN", f"{ops.attention_shape(dev, 1)[0]},4,4,4")
     path = synth_gguf(seed=1, **CASES[name])
     m = shaderlm.load(path, progress=False, fuse=True)
@@ -177,7 +183,7 @@ def test_gemma3_final_logit_softcap(synth_gguf, fuse):
     ref = reference_logits(path, ids).astype(np.float64)
     cap = 0.3 * float(np.abs(ref).max())              # low enough to bend the top logits
     cfg = m.args.replace(final_logit_softcap=cap)
-    net = Gemma3(get_device(), m.source, cfg, ctx=64, batch=32, fuse=fuse)
+    net = Gemma3(_device(), m.source, cfg, ctx=64, batch=32, fuse=fuse)
     gen = Generator(net)
     want = np.tanh(ref / cap) * cap
     got = gen.logits(ids)

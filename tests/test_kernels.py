@@ -540,6 +540,9 @@ def test_glu(dev, gelu_, ffn, n):
 
 # ---- sample --------------------------------------------------------------------------------------
 TOK_POISON = 0xABCDEF01
+# sample.wgsl has no subgroup operations (its reductions go through workgroup memory either way), so
+# its tests run on the default device only
+SAMPLER_DEVICE = pytest.mark.parametrize("dev", ["default"], indirect=True)
 
 
 def sampler(dev, logits, *, temperature=0.0, top_k=0, top_p=1.0, seed=0, ntok=64):
@@ -560,6 +563,7 @@ def draw(dev, logits, st_vals, *, repeat=1, ntok=64, **kw):
     return dev.read(tb, np.uint32)[:ntok], dev.read(st, np.uint32)[:4]
 
 
+@SAMPLER_DEVICE
 @pytest.mark.parametrize("vocab", [1000, 7, 769, 40001])     # 40001: several trips of the sampler's loads
 def test_sample_greedy(dev, vocab):
     rng = np.random.default_rng(vocab)
@@ -619,6 +623,7 @@ SAMPLE_CASES = {
 }
 
 
+@SAMPLER_DEVICE
 @pytest.mark.parametrize("case", list(SAMPLE_CASES))
 def test_sample_distribution(dev, case):
     """Every draw lies in the allowed set; frequencies match the restricted, renormalized softmax."""
@@ -626,6 +631,7 @@ def test_sample_distribution(dev, case):
     check_draws(dev, case, designed_logits(seed=len(case))[0], *SAMPLE_CASES[case], seeds=(1 + 2 * i, 2 + 2 * i))
 
 
+@SAMPLER_DEVICE
 def test_sample_distribution_large_vocab(dev):
     """40001 logits: each thread's chunk of the draw spans several load batches; leaders sit at the
     last id of a chunk (4 x 20 logits per thread at 512 threads) and at the last id."""
@@ -703,6 +709,7 @@ def check_draws(dev, case, logits, temperature, top_k, top_p, seeds):
     assert chi2 < dof + 8 * math.sqrt(2 * dof) + 10, f"{case}: chi2 {chi2:.1f} with {dof} dof"
 
 
+@SAMPLER_DEVICE
 def test_sample_topk_topp_random(dev):
     """Random (undesigned) logits: every draw inside the top-k set and inside the top-p nucleus, and the
     token the walk in id order reaches."""
@@ -726,6 +733,7 @@ def test_sample_topk_topp_random(dev):
         check_sequence(what, drawn, keep, prob, 100 + trial, 4)
 
 
+@SAMPLER_DEVICE
 def test_sample_topk_large_vocab(dev):
     """top_k over 40,001 logits (the radix select, and top-p and the draw over the survivors compacted in
     workgroup memory): alone, with top-p, with ties at the k-th value (7 kept at top_k 4), with the
@@ -742,6 +750,7 @@ def test_sample_topk_large_vocab(dev):
         check_draws(dev, case, lg, T, k, p, seeds=(20 + 2 * i, 21 + 2 * i))
 
 
+@SAMPLER_DEVICE
 @pytest.mark.parametrize("ties,top_p", [(1014, 1.0), (1014, 0.4), (1014, 0.8), (1015, 1.0), (1015, 0.8)])
 def test_sample_topk_capacity(dev, ties, top_p):
     """top_k 11 over 10 leaders and `ties` logits equal at the 11th value, the rest lower: a kept set of
@@ -759,6 +768,7 @@ def test_sample_topk_capacity(dev, ties, top_p):
     check_draws(dev, f"{ties} ties top_p {top_p}", logits, 1.0, 11, top_p, seeds=(ties, ties + int(10 * top_p)))
 
 
+@SAMPLER_DEVICE
 def test_sample_seed_determinism(dev):
     logits, _ = designed_logits(seed=9)
     got = {}
