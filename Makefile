@@ -16,7 +16,7 @@ $(VENV)/.ready: pyproject.toml
 	touch $@
 
 vulkan:
-	@if ! ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json >/dev/null 2>&1 && [ -z "$$VK_DRIVER_FILES$$VK_ICD_FILENAMES" ]; then \
+	@if ! ls /usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json 2>/dev/null | grep -q . && [ -z "$$VK_DRIVER_FILES$$VK_ICD_FILENAMES" ]; then \
 		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 			echo "no Vulkan driver found: installing mesa-vulkan-drivers"; \
 			apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mesa-vulkan-drivers >/dev/null; \
