@@ -22,7 +22,6 @@ import traceback
 from collections import deque
 from dataclasses import dataclass, field
 
-import numpy as np
 
 from ..errors import ContextFullError
 from ..models.serving import Serving
@@ -280,7 +279,7 @@ class Engine:
                     self.pool.register(seq.prompt, seq.pages)
                     seq.pos = len(seq.prompt)
                     first = r.read_tokens(seq.slot, seq.pos, 1)
-                    lps = r.read_logprobs(seq.slot, seq.pos, 1) if seq.request.logprobs is not None else None
+                    lps = self._read_logprobs(seq, seq.pos, 1)
                     with self._cv:
                         self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
                     if self._take(seq, first[0], None if lps is None else lps[0]):
@@ -315,7 +314,7 @@ class Engine:
                     self._recent.popleft()
             for i, s in enumerate(seqs):
                 s.in_flight -= 1
-                lps = r.read_logprobs(s.slot, positions[i] + 1, batch.k) if s.request.logprobs is not None else None
+                lps = self._read_logprobs(s, positions[i] + 1, batch.k)
                 for j, tok in enumerate(tokens[i]):
                     if s.finish is not None or s.cancelled or not self._take(s, int(tok), None if lps is None else lps[j]):
                         break
@@ -338,13 +337,14 @@ class Engine:
             seq.finish = "stop"
         elif seq.generated >= seq.max_tokens:
             seq.finish = "length"
-        logprobs = []
-        if lp is not None:
-            ids = lp[1::2].view(np.uint32)
-            top = [(int(i), float(v)) for i, v in zip(ids, lp[2::2])][:seq.request.logprobs]
-            logprobs = [TokenLogprob(tok, float(lp[0]), top)]
+        logprobs = [TokenLogprob(tok, *lp)] if lp is not None else []
         seq.stream._put(Event(text=piece, token_ids=[tok], logprobs=logprobs))
         return seq.finish is None
+
+    def _read_logprobs(self, seq: Sequence, pos: int, n: int):
+        """seq's logprobs rows for positions pos..pos+n, or None where its request did not ask."""
+        top = seq.request.logprobs
+        return None if top is None else self.runner.read_logprobs(seq.slot, pos, n, top)
 
     def _end(self, seq: Sequence, reason: str):
         """seq is done: its slot and pages go back, its stream gets the last event."""

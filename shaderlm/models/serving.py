@@ -175,11 +175,14 @@ class Serving:
     def read_tokens(self, slot: int, pos: int, n: int) -> list[int]:
         return self.dev.read(self.tokens, np.uint32, offset=4 * (slot * self.hist + pos), size=4 * n).tolist()
 
-    def read_logprobs(self, slot: int, pos: int, n: int) -> np.ndarray:
-        """(n, 1 + 2 TOPN): the logprobs of the tokens at positions pos.. of slot `slot`."""
+    def read_logprobs(self, slot: int, pos: int, n: int, top: int) -> list[tuple[float, list]]:
+        """For the tokens at positions pos.. of slot `slot`: (the sampled token's log-probability,
+        [(token, log-probability)] of the `top` most likely), from kernels/logprobs.wgsl's rows (the
+        sampled token's value, then TOPN (id bits, value) pairs)."""
         w = self.lp_width
-        raw = self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w, size=4 * n * w)
-        return raw.reshape(n, w)
+        rows = self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w, size=4 * n * w).reshape(n, w)
+        return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
+                for r in rows]
 
     # ---- decode batches -------------------------------------------------------------------------
     def record(self, slots: list[int], positions: list[int], k: int, logprobs: bool = False):
