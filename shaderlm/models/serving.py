@@ -119,18 +119,17 @@ class Serving:
         first use."""
         plan = self._decode.get((rows, logprobs))
         if plan is None:
-            if (rows, False) in self._decode and logprobs:
-                base = self._decode[rows, False].dispatches
+            if logprobs:                                         # the plain step, then the logprobs pass
+                dispatches = self.decode_plan(rows).dispatches + [self._logprobs(self._paging(True), rows)]
             else:
                 net, dev = self.net, self.dev
-                state = self._states.get(rows) or dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32),
-                                                             STORAGE, f"batch state {rows}")
-                self._states[rows] = state
-                body = net.body(self._build(1, state, batch=rows))
-                base = body + net.head_ops(1, decode=net.fuse) + [
-                    ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True), batch=rows)]
-            extra = [self._logprobs(self._paging(True), rows)] if logprobs else []
-            plan = self._decode[rows, logprobs] = Plan(self.dev, base + extra, f"serving decode x{rows}")
+                state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
+                                                        f"batch state {rows}")
+                sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True),
+                                     batch=rows)
+                dispatches = net.body(self._build(1, state, batch=rows)) + net.head_ops(1, decode=net.fuse) + [sampler]
+            plan = self._decode[rows, logprobs] = Plan(self.dev, dispatches, f"serving decode x{rows}"
+                                                       + " +logprobs" * logprobs)
         return plan
 
     # ---- per-slot state ------------------------------------------------------------------------
