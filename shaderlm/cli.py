@@ -49,7 +49,7 @@ def _model_args(p, gen=True):
     p.add_argument("--device", help="adapter index or name substring (see `shaderlm info`)")
     p.add_argument("--ctx-size", "-c", "--ctx", dest="ctx", type=_int_at_least(1), default=None,
                    help="context length to allocate (default: the model's, at most 4096)")
-    add_int8_act(p)
+    add_precision(p)
     if gen:
         p.add_argument("--n-predict", "-n", "--max-tokens", dest="max_tokens", type=_int_at_least(1), default=256,
                        help="tokens to generate at most (default 256)")
@@ -64,18 +64,22 @@ def _model_args(p, gen=True):
         p.add_argument("--tokens-per-submit", type=_int_at_least(1), default=8, help="decode steps per GPU submit")
 
 
-def add_int8_act(p):
-    # default None, not False: without the flag, shaderlm.load falls back to SHADERLM_INT8_ACT
+def add_precision(p):
+    # defaults None, not False: without a flag, shaderlm.load falls back to SHADERLM_INT8_ACT / _EXACT_PREFILL
     p.add_argument("--int8-act", action="store_true", default=None,
                    help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
                         "faster, not bit-exact)")
+    p.add_argument("--exact-prefill", action="store_true", default=None,
+                   help="prompts through the f32 GEMM (default on GPUs: x rounded to int8 per 16 values, "
+                        "integer dot products; faster, not bit-exact)")
 
 
 def _load(args, **kw):
     import shaderlm
     if getattr(args, "quantize", None):
         kw["quantize"] = args.quantize
-    return shaderlm.load(args.model, device=args.device, ctx=args.ctx or 4096, int8_act=args.int8_act, **kw)
+    return shaderlm.load(args.model, device=args.device, ctx=args.ctx or 4096, int8_act=args.int8_act,
+                         exact_prefill=args.exact_prefill, **kw)
 
 
 def _sampling(args):
@@ -149,6 +153,7 @@ def cmd_serve(args):
     from .server import serve
     engine = shaderlm.serve_engine(args.model, device=args.device, ctx=args.ctx or 4096, parallel=args.parallel,
                                    kv_pages=args.kv_pages, queue_size=args.queue, int8_act=args.int8_act,
+                                   exact_prefill=args.exact_prefill,
                                    quantize=args.quantize, log=lambda m: print(f"shaderlm: {m}", file=sys.stderr))
     print(f"shaderlm: serving {engine.model_name} on http://{args.host}:{args.port} (OpenAI API under /v1, "
           f"a chat page at /)", file=sys.stderr)
@@ -283,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(fn=cmd_perplexity)
 
     from . import bench
-    bench.add_parsers(sub, add_int8_act)
+    bench.add_parsers(sub, add_precision)
 
     p = sub.add_parser("tune", help="tune this model's decode kernel shapes for the adapter (cached on disk)")
     _model_args(p, gen=False)

@@ -5,6 +5,8 @@ User settings (each also a CLI flag and a `shaderlm.load` keyword):
     SHADERLM_TUNE        auto (tune on GPUs, not on CPU adapters) | 1 (always) | 0 (never, no cache)
     SHADERLM_CACHE_DIR   where tuned kernel shapes are kept (default ~/.cache/shaderlm)
     SHADERLM_INT8_ACT    1: decode GEMVs round activations to int8 (faster, not exact; --int8-act)
+    SHADERLM_EXACT_PREFILL  1: prompts through the f32 GEMM, 0: the int8 one (default: int8 on GPUs, f32 on
+                         CPU adapters; --exact-prefill)
     SHADERLM_WEBGPU      the WebGPU package to import (default wgpu; another build of the same API)
 Debug switches, for tests and A/B runs (they change which kernels run, never the results beyond
 rounding):
@@ -13,6 +15,7 @@ rounding):
     SHADERLM_NO_X24=1         f32 activations in the decode GEMVs instead of 24-bit fixed point
     SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
     SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 1)
+    SHADERLM_Q8_TILE=TM,TV    the int8 prefill GEMM's tile (16 TM rows x 64 TV tokens) for every matrix
 """
 from __future__ import annotations
 
@@ -31,11 +34,13 @@ class Options:
     tune: str = "auto"                  # auto | 1 | 0 (see TUNE_MODES)
     cache_dir: str | None = None        # tuned shapes; None: ~/.cache/shaderlm
     int8_act: bool = False
+    exact_prefill: bool | None = None   # the f32 prefill GEMM; None: the adapter decides (f32 on CPUs)
     subgroups: bool = True              # use subgroup operations where the adapter has them
     fuse: bool | None = None            # the fused decode step; None: the adapter decides
     x24: bool = True                    # 24-bit fixed-point activations in the decode GEMVs
     attention_shape: tuple | None = None  # the decode attention kernel's shape override
     batch_tokens: int = 1               # tokens a workgroup of a batched decode GEMV computes at most
+    q8_tile: tuple | None = None        # the int8 prefill GEMM's tile override
 
     def replace(self, **changes) -> "Options":
         """A copy with the given fields changed; None values leave a field as it is."""
@@ -48,12 +53,14 @@ class Options:
         if tune not in TUNE_MODES:
             raise ShaderLMError(f"SHADERLM_TUNE={tune!r}: use one of {', '.join(TUNE_MODES)}")
         fuse = env.get("SHADERLM_FUSE")
+        exact = env.get("SHADERLM_EXACT_PREFILL")
         return cls(device=env.get("SHADERLM_DEVICE") or None, tune=tune,
                    cache_dir=env.get("SHADERLM_CACHE_DIR") or None,
-                   int8_act=_flag(env, "SHADERLM_INT8_ACT"), subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
+                   int8_act=_flag(env, "SHADERLM_INT8_ACT"),
+                   exact_prefill=None if exact in (None, "") else exact != "0", subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
                    fuse=None if fuse in (None, "") else fuse != "0", x24=not _flag(env, "SHADERLM_NO_X24"),
                    attention_shape=_ints(env, "SHADERLM_ATTN"),
-                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (1,))[0])
+                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (1,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
 
 
 def webgpu_module() -> str:

@@ -16,6 +16,10 @@ from shaderlm.synth import write_synthetic_gguf  # noqa: E402
 # Tests load models with the built-in kernel shapes: no tuning at load (slow on a GPU, and it would
 # write the user's cache). test_autotune.py turns it on; test_kernels.py checks every tunable shape.
 os.environ.setdefault("SHADERLM_TUNE", "0")
+# Prompts go through the exact f32 GEMM, on every adapter, in the tests that compare logits with f32
+# references; the int8 GEMM (the GPU default) is tested on its own terms (test_kernels.py's int8 tests,
+# test_model.py and test_real_model.py's int8 prefill tests, which ask for it).
+os.environ.setdefault("SHADERLM_EXACT_PREFILL", "1")
 
 # The real-model reference tests run each path on the prompts that cover it; SHADERLM_FULL_TESTS=1 runs
 # every stored prompt through every path (several times longer on a CPU adapter).

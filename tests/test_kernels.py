@@ -37,7 +37,7 @@ from gguf import quants as gq  # noqa: E402
 
 from shaderlm.gpu.device import UNIFORM, Device, get_device, pack_params  # noqa: E402
 from shaderlm.gpu.plan import Plan  # noqa: E402
-from shaderlm.kernels import gemv, ops  # noqa: E402
+from shaderlm.kernels import gemm, gemv, ops  # noqa: E402
 from shaderlm.kernels.quants import QUANT_TYPES  # noqa: E402
 from shaderlm.kernels.weights import upload_weight  # noqa: E402
 
@@ -128,8 +128,10 @@ def k_for(qtype, i=0):
 
 
 def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, row0=0, y_extra=0,
-                 first=None, max_binding=None, seed=0, n_chunks=None, tiled=True):
-    """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows."""
+                 first=None, max_binding=None, seed=0, n_chunks=None, tiled=True, int8=False, scale=1.0,
+                 q8_tile=None):
+    """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows; with `int8`,
+    the reference takes x as the int8 GEMM rounds it (q8_rounded)."""
     rng = np.random.default_rng(seed)
     raw, W = make_weight(qtype, rows, K, rng)
     if max_binding == "small":
@@ -138,7 +140,9 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     if n_chunks is not None:
         assert len(w.chunks) == n_chunks
     m = n - (first or 0)                     # batch rows computed; x and y rows count from 0
-    x = rng.standard_normal((m, K)).astype(np.float32)
+    x = (rng.standard_normal((m, K)) * scale).astype(np.float32)
+    if int8:
+        x[0, :32] = 0.0                      # a block of zeros: scale 0
     ys = row0 + rows + y_extra
     y_rows = n + 1                           # one spare row past the batch: must stay untouched
     y0 = rng.standard_normal((y_rows, ys)).astype(np.float32) if accumulate else poisoned((y_rows, ys))
@@ -147,24 +151,69 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     xb, yb = dev.upload(x), dev.upload(y0)
     bb = dev.upload(b) if bias else None
     ds = ops.matmul(dev, w, xb, yb, st, tt=tt, y_stride=ys, row0=row0, accumulate=accumulate, bias=bb,
-                    from_state_row=first is not None, tiled=tiled)
+                    from_state_row=first is not None, tiled=tiled, int8=int8,
+                    q8_tile=q8_tile)
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
-    prod = x.astype(np.float64) @ W.T
+    xr, slack = q8_rounded(x) if int8 else (x.astype(np.float64), np.zeros(x.shape))
+    prod = xr @ W.T
     ref = y0.astype(np.float64).copy()
     sl = (slice(0, m), slice(row0, row0 + rows))
     ref[sl] = (ref[sl] if accumulate else 0.0) + prod + (b[row0:row0 + rows] if bias else 0.0)
     tol = np.zeros_like(ref)
-    tol[sl] = MM_RTOL * (np.abs(x.astype(np.float64)) @ np.abs(W).T
+    tol[sl] = slack @ np.abs(W).T + MM_RTOL * (np.abs(xr) @ np.abs(W).T
                          + (np.abs(y0[sl]) if accumulate else 0) + (np.abs(b[row0:row0 + rows]) if bias else 0)) + 1e-30
-    what = f"matmul {qtype} {rows}x{K} n={n} tt={tt} first={first} row0={row0} chunks={len(w.chunks)}"
+    what = (f"matmul {qtype} {rows}x{K} n={n} tt={tt} first={first} row0={row0} chunks={len(w.chunks)}"
+            + (" int8" if int8 else ""))
     assert_close(got[sl], ref[sl], tol[sl], what)
     # everything outside the written block is bit-identical to what was there
     outside = np.ones(got.shape, bool)
     outside[sl] = False
     assert np.array_equal(got.view(np.uint32)[outside], y0.view(np.uint32)[outside]), \
         f"{what}: wrote outside y[0:{m}, {row0}:{row0 + rows}]"
+
+
+def q8_rounded(x):
+    """x as the int8 prefill GEMM sees it: each 16-element run rounded to multiples of max|x| / 127
+    (quantize_q8.wgsl), in float64, and per element the error a rounding tie may add (the kernel's f32
+    127 x / max|x| can land on the other side of a half)."""
+    b = x.astype(np.float64).reshape(x.shape[0], -1, 16)
+    amax = np.abs(b).max(axis=-1, keepdims=True)
+    safe = np.where(amax == 0, 1.0, amax)
+    v = 127.0 * b / safe
+    q = np.floor(v + 0.5)
+    d = amax / 127.0
+    near_tie = np.abs(v - np.floor(v) - 0.5) < 1e-4
+    return (q * d).reshape(x.shape), (near_tie * d).reshape(x.shape)
+
+
+INT8_TYPES = [q for q in ALL_TYPES if QUANT_TYPES[q].blocked]
+
+
+@pytest.mark.parametrize("qtype", INT8_TYPES)
+@pytest.mark.parametrize("n", [5, 130])
+def test_matmul_int8(dev, qtype, n):
+    """The int8 prefill GEMM (x rounded per 16-element run, integer dots): every quantized type,
+    one partial tile and several (rows and tokens past the largest tile's 128), K of 3-16 blocks."""
+    i = INT8_TYPES.index(qtype) + n
+    check_matmul(dev, qtype, [37, 200][i % 2], k_for(qtype, i), n, n, seed=i, int8=True)
+
+
+@pytest.mark.parametrize("tile", gemm.Q8_TILES)
+def test_matmul_int8_tiles(dev, tile):
+    """Every int8 GEMM tile, with partial tiles of rows and tokens, and Q6_K's 16-element scale groups."""
+    check_matmul(dev, "Q6_K", 200, 512, 150, 150, seed=tile[0] + tile[1], int8=True, q8_tile=tile)
+    check_matmul(dev, "Q4_1", 77, 96, 67, 67, seed=tile[1], int8=True, q8_tile=tile)
+
+
+@pytest.mark.parametrize("feature", ["all", "bias_row0"])
+@pytest.mark.parametrize("n,first", [(67, None), (70, 3)])
+def test_matmul_int8_features(dev, feature, n, first):
+    """The int8 GEMM's epilogue (accumulate, bias, row offset, split bindings) and from_state_row,
+    on x of a large scale."""
+    check_matmul(dev, "Q4_K", 37, 256, n, n, first=first, seed=n, int8=True, scale=300.0,
+                 **FEATURES[feature])
 
 
 @pytest.mark.parametrize("qtype", ALL_TYPES)
@@ -426,6 +475,9 @@ def attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale=1.0):
     (64, 4, 2, 3, 130, 0, 10.0),         # softcap
     (128, 4, 2, 2, 140, 70, 5.0),        # both
     (256, 2, 1, 2, 90, 0, 0.0),          # hd 256: two dims pairs per thread
+    (64, 4, 2, 70, 30, 0, 0.0),          # prompt chunks: several query tiles and key tiles
+    (128, 4, 1, 45, 100, 50, 0.0),       # ... with a window that starts inside the tiles
+    (256, 2, 2, 19, 7, 0, 3.0),          # ... hd 256 (smaller tiles), softcap
 ])
 def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
     rng = np.random.default_rng(hd + pos + n)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..gpu.plan import Dispatch
-from . import pipeline
+from . import gemm, pipeline
 from .gemv import gemv, wide_ok
 from .grid import cdiv
 
@@ -39,20 +39,25 @@ class Paging:
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False,
-           tiled: bool = True, batch: int = 0, nt_max: int = 1) -> list[Dispatch]:
+           tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
+           nt_max: int = 1) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
     also fold in the RMSNorm of x (`norm`: the norm weight buffer) and, for a [gate; up] weight, the
     gated activation (`glu`).
-    tt > 1: batched tokens, the 64x64-tiled GEMM (matmul_tiled.wgsl) when K allows and `tiled`,
-    else matmul.wgsl taking tt tokens per pass over the weights (better for a few tokens).
+    tt > 1: batched tokens, a tiled GEMM (gemm.py) when K allows and `tiled`: on int8 activations with
+    `int8` where the type is quantized in blocks (x's rows, at most max_tokens (default tt) of them,
+    quantized into scratch buffers), else f32; without `tiled`, matmul.wgsl taking tt tokens per pass
+    over the weights (better for a few tokens).
     batch: a serving step's rows, each a token of its own sequence (the decode GEMV's batch)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         if norm is not None or glu:
             raise ValueError("the tiled GEMM does not fuse norm/glu; run them as separate ops")
-        return _matmul_tiled(dev, w, x, y, st, y_stride=y_stride, row0=row0, accumulate=accumulate,
-                             bias=bias, from_state_row=from_state_row)
+        kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
+        if int8 and w.qtype.blocked:
+            return gemm.matmul_q8(dev, w, x, y, st, max_tokens=max(max_tokens, tt), tile=q8_tile, **kw)
+        return gemm.matmul_f32(dev, w, x, y, st, **kw)
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     if tt == 1 and not from_state_row and wide_ok(w):
@@ -72,18 +77,6 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         gx = min(cdiv(rows, rows_per_wg), lim)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
                             label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
-    return out
-
-
-def _matmul_tiled(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row):
-    pipe = pipeline(dev, "matmul_tiled", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate)
-    out = []
-    for c in w.chunks:
-        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, w.cols, int(from_state_row), 0)
-        res = [params, st, c.buffer, x, y] + ([bias] if bias is not None else [])
-        gx = cdiv(c.rows, 64)
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, 64)),
-                            label=f"matmul_tiled.{w.qtype.name}", bytes=c.buffer.size))
     return out
 
 
@@ -150,10 +143,33 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                                            MERGE=max(wg // sgs, splits)), res)
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
+    tile = None if fused or (paging and paging.rows is not None) else prefill_attention_tile(dev, head_dim)
+    if tile:
+        bq, bk = tile
+        h4 = head_dim // 4
+        defines, res = _paged(paging, dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256, OV=h4 * bq // 256,
+                                           BQ_H4=bq * h4, BK_KS=bk * (h4 + 1),
+                                           BK_H4=bk * h4, BQ_BK=bq * bk), [params, st, qkv, k_cache, v_cache, out])
+        pipe = pipeline(dev, "attention_prefill", **defines)
+        return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, cdiv(n, bq)), label="attention_prefill")
     defines, res = _paged(paging, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox),
                           [params, st, qkv, k_cache, v_cache, out, inv_freq])
     pipe = pipeline(dev, "attention", **defines)
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
+
+
+PREFILL_ATTENTION_TILES = ((32, 32), (16, 32), (16, 16), (8, 32))     # (queries, keys), in order of preference
+
+
+def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
+    """The first (queries, keys) tile of attention_prefill.wgsl that fits the adapter's workgroup memory
+    and the kernel's thread layout, or None (then attention.wgsl's workgroup a query serves)."""
+    room = dev.limit("max-compute-workgroup-storage-size", 16384)
+    for bq, bk in PREFILL_ATTENTION_TILES:
+        words = bq * head_dim + bk * (head_dim + 4) + bk * head_dim + bq * bk + 256 + 3 * bq
+        if 4 * words <= room and bq * bk >= 256 and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0:
+            return bq, bk
+    return None
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:

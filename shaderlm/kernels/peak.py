@@ -33,3 +33,28 @@ def peak_read_gbs(dev, reps: int = 10) -> float:
             dev.read(out, np.uint32, 0, 16)
             times.append(time.perf_counter() - t0)
     return size / statistics.median(times) / 1e9
+
+
+def peak_gemm_tflops(dev, int8: bool, rows: int = 14336, k: int = 4096, tokens: int = 512, reps: int = 5) -> float:
+    """TFLOP/s (2 per multiply-add) of the prefill GEMM on a Q4_0 matrix of an 8B model's FFN shape
+    (random bytes: the speed does not depend on the values), the int8 or the f32 path."""
+    from .ops import matmul
+    from .weights import upload_weight
+    raw = np.random.default_rng(0).integers(0, 256, rows * k // 32 * 18, dtype=np.uint8)
+    raw.reshape(-1, 18)[:, 1] &= 0x3B                # f16 scales finite: NaN/Inf-free sums
+    w = upload_weight(dev, "peak", "Q4_0", (rows, k), raw)
+    x, y = dev.buffer(tokens * k * 4), dev.buffer(tokens * rows * 4)
+    st = dev.upload(np.array([0, tokens, 0, 0, 0, 0, 0, 0], np.uint32))
+    plan = Plan(dev, matmul(dev, w, x, y, st, tt=tokens, y_stride=rows, int8=int8))
+    plan.run(tokens)
+    dev.read(y, np.float32, 0, 16)
+    if "timestamp-query-inside-passes" in dev.features:
+        times = [sum(time_dispatches(dev, plan, tokens)) for _ in range(reps)]
+    else:
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            plan.run(tokens)
+            dev.read(y, np.float32, 0, 16)
+            times.append(time.perf_counter() - t0)
+    return 2.0 * rows * k * tokens / statistics.median(times) / 1e12

@@ -36,6 +36,11 @@ class QuantType:
         return f"quant/{self.name.lower()}"
 
     @property
+    def blocked(self) -> bool:
+        """Quantized in blocks of 32 or more (the decoder has iq8, for the int8 prefill GEMM)."""
+        return self.block_elems >= 32
+
+    @property
     def gpu_block_elems(self) -> int:
         return self.gpu_elems or self.block_elems
 

@@ -61,7 +61,7 @@ class Transformer:
 
     def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
                  progress=None, fuse: bool | None = None, int8_act: bool = False, x24: bool = True,
-                 attention_shape=None, batch_tokens: int = 1):
+                 attention_shape=None, batch_tokens: int = 1, exact_prefill: bool | None = None, q8_tile=None):
         self.dev = dev
         self.source = source
         self.args = args
@@ -71,6 +71,9 @@ class Transformer:
         self.fuse = (not dev.is_cpu) if fuse is None else fuse   # decode fusions: see `fused_decode`
         self.int8_act = int8_act      # decode GEMVs with int8 x where the type allows (not exact)
         self.x24 = x24
+        # prompts through the int8 GEMM (not exact; faster where integer dots are) or the f32 one
+        self.int8_prefill = (not dev.is_cpu) if exact_prefill is None else not exact_prefill
+        self.q8_tile = q8_tile
         self.attention_shape = attention_shape
         self.batch_tokens = batch_tokens        # a batched decode GEMV's tokens a workgroup, at most
         self.weight_bytes = 0
@@ -314,7 +317,8 @@ class Transformer:
         """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
         b = self.b
         kw.setdefault("tt", b.tt)
-        return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, batch=b.batch, nt_max=self.batch_tokens, **kw)
+        return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, int8=self.int8_prefill, q8_tile=self.q8_tile,
+                          max_tokens=self.batch, batch=b.batch, nt_max=self.batch_tokens, **kw)
 
     def attention_params(self, i: int) -> dict:
         """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
@@ -379,7 +383,9 @@ class Transformer:
         common = dict(state=self.state, tokens=self.tokens, k=self.k_cache, v=self.v_cache, logits=self.logit_buf,
                       logit_stride=V)
         long_body = self.body(Build(PREFILL_TT, **common))
-        short_body = self.body(Build(PREFILL_TT, tiled=False, **common))
+        # with the int8 GEMM, short prompts take it too: a token's prefill then does not depend on its
+        # prompt's length, and matches the serving engine's (always tiled)
+        short_body = long_body if self.int8_prefill else self.body(Build(PREFILL_TT, tiled=False, **common))
         decode_body = self.body(Build(1, **common))
         sampler = ops.sample(dev, self.logit_buf, self.tokens, self.state, self.sample_params)
         head = self.head_ops(1)

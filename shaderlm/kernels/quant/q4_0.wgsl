@@ -3,12 +3,22 @@
 const QK: u32 = 32u;
 const QW: u32 = 4u;
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let d = split_d(blk);
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..15).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let wi = blk * 4u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    return V8((u8x4((word(wi) >> sh) & 0x0F0F0F0Fu) - 8.0) * d,
-              (u8x4((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) - 8.0) * d);
+    return vec2<u32>((word(wi) >> sh) & 0x0F0F0F0Fu, (word(wi + 1u) >> sh) & 0x0F0F0F0Fu);
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let d = split_d(blk);
+    let q = q8w(blk, j);
+    return V8((u8x4(q.x) - 8.0) * d, (u8x4(q.y) - 8.0) * d);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let d = split_d(blk);
+    return IQ8(q8w(blk, j), d, -8.0 * d);
 }
 
 #if WIDE

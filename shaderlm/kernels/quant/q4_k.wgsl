@@ -6,14 +6,23 @@
 const QK: u32 = 256u;
 const QW: u32 = 36u;
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let o = blk * 36u;
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..15).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let s = j >> 2u;
-    let sm = k4_sub_scales(o, s);      // (d * sc, dmin * mn)
-    let wi = o + 4u + (s >> 1u) * 8u + (j & 3u) * 2u;
+    let wi = blk * 36u + 4u + (s >> 1u) * 8u + (j & 3u) * 2u;
     let sh = (s & 1u) * 4u;
-    return V8(u8x4((word(wi) >> sh) & 0x0F0F0F0Fu) * sm.x - sm.y,
-              u8x4((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) * sm.x - sm.y);
+    return vec2<u32>((word(wi) >> sh) & 0x0F0F0F0Fu, (word(wi + 1u) >> sh) & 0x0F0F0F0Fu);
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let sm = k4_sub_scales(blk * 36u, j >> 2u);      // (d * sc, dmin * mn)
+    let q = q8w(blk, j);
+    return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let sm = k4_sub_scales(blk * 36u, j >> 2u);
+    return IQ8(q8w(blk, j), sm.x, -sm.y);
 }
 
 #if WIDE

@@ -10,13 +10,23 @@ fn q5_hbits(h: u32) -> u32 {
     return ((h * 0x00204081u) & 0x01010101u) << 4u;
 }
 
-fn dq8(blk: u32, j: u32) -> V8 {
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let o = blk * 5u;
-    let d = split_d(blk);
     let qh = word(o) >> (j * 8u);
     let wi = o + 1u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
-    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
-    return V8((u8x4(qa) - 16.0) * d, (u8x4(qb) - 16.0) * d);
+    return vec2<u32>(((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u),
+                     ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u));
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let d = split_d(blk);
+    let q = q8w(blk, j);
+    return V8((u8x4(q.x) - 16.0) * d, (u8x4(q.y) - 16.0) * d);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let d = split_d(blk);
+    return IQ8(q8w(blk, j), d, -16.0 * d);
 }

@@ -9,14 +9,24 @@ fn q5_hbits(h: u32) -> u32 {
     return ((h * 0x00204081u) & 0x01010101u) << 4u;
 }
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let dm = unpack2x16float(word(p.dbase + blk * 2u));
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let qh = word(p.dbase + blk * 2u + 1u) >> (j * 8u);
     let wi = blk * 4u + (j & 1u) * 2u;
     let sh = (j >> 1u) * 4u;
-    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u);
-    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u);
-    return V8(u8x4(qa) * dm.x + dm.y, u8x4(qb) * dm.x + dm.y);
+    return vec2<u32>(((word(wi) >> sh) & 0x0F0F0F0Fu) | q5_hbits(qh & 15u),
+                     ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | q5_hbits((qh >> 4u) & 15u));
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let dm = unpack2x16float(word(p.dbase + blk * 2u));
+    let q = q8w(blk, j);
+    return V8(u8x4(q.x) * dm.x + dm.y, u8x4(q.y) * dm.x + dm.y);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let dm = unpack2x16float(word(p.dbase + blk * 2u));
+    return IQ8(q8w(blk, j), dm.x, dm.y);
 }
 
 #if WIDE

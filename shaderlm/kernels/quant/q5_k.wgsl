@@ -6,16 +6,26 @@
 const QK: u32 = 256u;
 const QW: u32 = 44u;
 
-fn dq8(blk: u32, j: u32) -> V8 {
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let o = blk * 44u;
     let s = j >> 2u;
-    let sm = k4_sub_scales(o, s);      // (d * sc, dmin * mn)
     let hw = o + 4u + (j & 3u) * 2u;
     let wi = o + 12u + (s >> 1u) * 8u + (j & 3u) * 2u;
     let sh = (s & 1u) * 4u;
-    let qa = ((word(wi) >> sh) & 0x0F0F0F0Fu) | (((word(hw) >> s) & 0x01010101u) << 4u);
-    let qb = ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> s) & 0x01010101u) << 4u);
-    return V8(u8x4(qa) * sm.x - sm.y, u8x4(qb) * sm.x - sm.y);
+    return vec2<u32>(((word(wi) >> sh) & 0x0F0F0F0Fu) | (((word(hw) >> s) & 0x01010101u) << 4u),
+                     ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> s) & 0x01010101u) << 4u));
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let sm = k4_sub_scales(blk * 44u, j >> 2u);      // (d * sc, dmin * mn)
+    let q = q8w(blk, j);
+    return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let sm = k4_sub_scales(blk * 44u, j >> 2u);
+    return IQ8(q8w(blk, j), sm.x, -sm.y);
 }
 
 #if WIDE

@@ -8,7 +8,8 @@
 const QK: u32 = 256u;
 const QW: u32 = 52u;
 
-fn dq8(blk: u32, j: u32) -> V8 {
+// Elements [8j, 8j+8) of block blk as two words of bytes q (0..63).
+fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let o = blk * 52u;
     let g = j >> 2u;                 // 32-element group 0..7
     let h = g >> 2u;                 // half
@@ -17,12 +18,25 @@ fn dq8(blk: u32, j: u32) -> V8 {
     let lsh = (g & 2u) * 2u;         // 0 or 4
     let hw = o + 32u + h * 8u + q4;
     let hsh = (g & 3u) * 2u;
-    let sw = word(o + 48u + (j >> 3u));
-    let sc = f32(bitcast<i32>(sw << (24u - ((j >> 1u) & 3u) * 8u)) >> 24u);
-    let dl = split_d(blk) * sc;
-    let qa = ((word(lw) >> lsh) & 0x0F0F0F0Fu) | (((word(hw) >> hsh) & 0x03030303u) << 4u);
-    let qb = ((word(lw + 1u) >> lsh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> hsh) & 0x03030303u) << 4u);
-    return V8((u8x4(qa) - 32.0) * dl, (u8x4(qb) - 32.0) * dl);
+    return vec2<u32>(((word(lw) >> lsh) & 0x0F0F0F0Fu) | (((word(hw) >> hsh) & 0x03030303u) << 4u),
+                     ((word(lw + 1u) >> lsh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> hsh) & 0x03030303u) << 4u));
+}
+
+// d times the int8 scale of elements [8j, 8j+8) (one per 16 elements).
+fn k6_d(blk: u32, j: u32) -> f32 {
+    let sw = word(blk * 52u + 48u + (j >> 3u));
+    return split_d(blk) * f32(bitcast<i32>(sw << (24u - ((j >> 1u) & 3u) * 8u)) >> 24u);
+}
+
+fn dq8(blk: u32, j: u32) -> V8 {
+    let dl = k6_d(blk, j);
+    let q = q8w(blk, j);
+    return V8((u8x4(q.x) - 32.0) * dl, (u8x4(q.y) - 32.0) * dl);
+}
+
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let dl = k6_d(blk, j);
+    return IQ8(q8w(blk, j), dl, -32.0 * dl);
 }
 
 #if WIDE

@@ -8,6 +8,11 @@ fn dq8(blk: u32, j: u32) -> V8 {
     return V8(i8x4(word(o)) * d, i8x4(word(o + 1u)) * d);
 }
 
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let o = blk * 8u + j * 2u;
+    return IQ8(vec2<u32>(word(o), word(o + 1u)), split_d(blk), 0.0);
+}
+
 #if WIDE
 const WQK: u32 = QK;          // elements per wide block
 const CPB: u32 = 1u;

@@ -1,0 +1,145 @@
+// Causal grouped-query attention for a prompt chunk, tiled as flash attention: a workgroup takes BQ
+// consecutive queries of one head and walks the keys they can see BK at a time. Each key tile (the
+// cache's f16 K and V, converted to f32) is loaded into workgroup memory once for all BQ queries, so
+// the cache is read once per query tile rather than once per query. Scores go through an online softmax
+// (running max m and sum l per query row; the output rescaled as m grows); keys outside a query's
+// causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
+// Needs BQ * BK >= 256 and BQ * HD >= 1024 (ops.prefill_attention_tile).
+// PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
+#include state
+#if PAGED
+#include paged
+#endif
+
+fn kv_at(s: u32, pos: u32) -> u32 {
+#if PAGED
+    return kv_row(s, pos);
+#else
+    return pos;
+#endif
+}
+
+struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, zero: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read> qkv: array<f32>;
+@group(0) @binding(3) var<storage, read> kc: array<u32>;
+@group(0) @binding(4) var<storage, read> vc: array<u32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
+
+const WG: u32 = 256u;
+const BQ: u32 = {{BQ}}u;          // queries a workgroup
+const BK: u32 = {{BK}}u;          // keys a tile
+const HD: u32 = {{HD}}u;
+const H4: u32 = HD / 4u;          // vec4s of a head
+const TPR: u32 = WG / BQ;         // threads a query row
+const KPT: u32 = {{KPT}}u;        // keys a thread scores: BK / TPR
+const OV: u32 = {{OV}}u;          // output vec4s a thread: H4 / TPR
+const KS: u32 = H4 + 1u;          // a key's stride in ks (vec4s): threads scoring different keys hit different banks
+const MASKED: f32 = -3.0e38;
+
+// A thread scores KPT keys of one query row and accumulates OV vec4s of that row's output, so every
+// workgroup load feeds several multiply-adds. K and V are converted from f16 once as they are loaded.
+var<workgroup> qs: array<vec4<f32>, {{BQ_H4}}>;   // [query][dim / 4], scaled
+var<workgroup> ks: array<vec4<f32>, {{BK_KS}}>;   // [key][dim / 4], KS apart
+var<workgroup> vs: array<vec4<f32>, {{BK_H4}}>;   // [key][dim / 4]
+var<workgroup> sc: array<f32, {{BQ_BK}}>;         // [query][key]: softmax weights
+var<workgroup> pm: array<f32, WG>;                // [thread of a row][query]: partial row maxima
+var<workgroup> row_m: array<f32, {{BQ}}>;
+var<workgroup> row_l: array<f32, {{BQ}}>;
+var<workgroup> row_c: array<f32, {{BQ}}>;         // this tile's rescale of the row's output
+
+fn kv_pair(w: u32, u: u32) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w), unpack2x16float(u));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let h = wid.x;
+    let t0 = wid.y * BQ;
+    if (t0 >= st.n) { return; }
+    let kvh = h / (p.n_heads / p.n_kv);
+    let seq = st.seq;
+    let nq = min(BQ, st.n - t0);                  // queries of this tile in the batch
+    let pos0 = st.pos + t0;                       // the first query's position
+    let last = pos0 + nq - 1u;                    // the last query's: no key past it is visible
+    let stride = (p.n_heads + 2u * p.n_kv) * HD;
+    for (var i = li; i < BQ * H4; i += WG) {
+        let o = (t0 + min(i / H4, nq - 1u)) * stride + h * HD + (i % H4) * 4u;
+        qs[i] = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
+    }
+    if (li < BQ) { row_m[li] = MASKED; row_l[li] = 0.0; }
+    let qi = li / TPR;                            // this thread's query row
+    let lane = li % TPR;
+    let qpos = pos0 + qi;
+    // keys before the first query's window start are visible to no query of the tile
+    var k_lo = 0u;
+    if (p.window > 0u && pos0 + 1u > p.window) { k_lo = pos0 + 1u - p.window; }
+    var acc: array<vec4<f32>, OV>;
+    for (var k0 = k_lo; k0 <= last; k0 += BK) {
+        workgroupBarrier();                       // the last tile's readers are done
+        for (var i = li; i < BK * H4; i += WG) {
+            let kj = i / H4;
+            let key = k0 + kj;
+            let r = ((kv_at(seq, min(key, last)) * p.n_kv + kvh) * H4 + i % H4) * 2u;
+            ks[kj * KS + i % H4] = kv_pair(kc[r], kc[r + 1u]);
+            // unwritten rows could hold NaNs, and 0 * NaN is NaN
+            vs[i] = select(vec4<f32>(0.0), kv_pair(vc[r], vc[r + 1u]), key <= last);
+        }
+        workgroupBarrier();
+        var s: array<f32, KPT>;
+        var mx = MASKED;
+#unroll KPT e
+        {
+            let kj = lane + $eu * TPR;
+            var d = 0.0;
+            for (var j = 0u; j < H4; j++) { d += dot(qs[qi * H4 + j], ks[kj * KS + j]); }
+            if (p.softcap > 0.0) { d = p.softcap * tanh(clamp(d / p.softcap, -15.0, 15.0)); }
+            let key = k0 + kj;
+            let visible = qi < nq && key <= qpos && (p.window == 0u || key + p.window > qpos);
+            s[$e] = select(MASKED, d, visible);
+            mx = max(mx, s[$e]);
+        }
+#end
+        pm[lane * BQ + qi] = mx;
+        workgroupBarrier();
+        if (li < BQ) {
+            let m_old = row_m[li];
+            var m = m_old;
+            for (var j = 0u; j < TPR; j++) { m = max(m, pm[j * BQ + li]); }
+            row_c[li] = select(1.0, exp(m_old - m), m_old > MASKED);
+            row_m[li] = m;
+        }
+        workgroupBarrier();
+        let m = row_m[qi];
+#unroll KPT e
+        sc[qi * BK + lane + $eu * TPR] = select(0.0, exp(s[$e] - m), s[$e] > MASKED);
+#end
+        workgroupBarrier();
+        let c = row_c[qi];
+#unroll OV o
+        acc[$o] *= c;
+#end
+        var l = 0.0;
+        for (var kj = 0u; kj < BK; kj++) {
+            let w = sc[qi * BK + kj];
+            l += w;
+#unroll OV o
+            acc[$o] += w * vs[kj * H4 + lane + $ou * TPR];
+#end
+        }
+        if (lane == 0u) { row_l[qi] = row_l[qi] * c + l; }
+    }
+    workgroupBarrier();
+    if (qi < nq) {
+        let inv = 1.0 / row_l[qi];
+        let o = ((t0 + qi) * p.n_heads + h) * HD;
+#unroll OV o
+        {
+            let d = (lane + $ou * TPR) * 4u;
+            let v = acc[$o] * inv;
+            out[o + d] = v.x; out[o + d + 1u] = v.y; out[o + d + 2u] = v.z; out[o + d + 3u] = v.w;
+        }
+#end
+    }
+}

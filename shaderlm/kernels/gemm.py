@@ -1,0 +1,80 @@
+"""The prefill GEMMs (tokens a pass > 1): y[t, row0 + r] (+)= W[r] . x[t] for a tile of rows x tokens
+a workgroup, each weight tile decoded once into workgroup memory.
+
+  f32 (matmul_tiled.wgsl): W dequantized to f32, 64x64 tiles; exact f32 arithmetic.
+  int8 (matmul_q8.wgsl): x rounded to int8 per 16-element run first (quantize_q8.wgsl), weights
+      as their integer quants, dot4I8Packed in i32 and scales applied per block in f32: several times
+      the arithmetic rate, at the cost of x's rounding (as llama.cpp's MMQ kernels).
+"""
+from __future__ import annotations
+
+from ..gpu.plan import Dispatch
+from . import pipeline
+from .grid import cdiv
+
+# (rows a thread, token vec4s a thread): tiles of 16 * TM rows x 64 * TV tokens, in order of preference
+Q8_TILES = ((8, 2), (4, 2), (8, 1), (4, 1))
+MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
+
+
+def matmul_f32(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state_row) -> list[Dispatch]:
+    pipe = pipeline(dev, "matmul_tiled", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate)
+    out = []
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, w.cols, int(from_state_row), 0)
+        res = [params, st, c.buffer, x, y] + ([bias] if bias is not None else [])
+        gx = cdiv(c.rows, 64)
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, 64)),
+                            label=f"matmul_tiled.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
+def q8_defines(tm: int, tv: int) -> dict:
+    bm, bn = 16 * tm, 64 * tv
+    return dict(TM=tm, TV=tv, RG=tm // 4, LW=tm // 4, XL=max(1, tv // 2), BM=bm, BN=bn,
+                WQ=8 * bm // 4, WS=2 * bm // 4, TQ=8 * bn // 4, TD=2 * bn // 4, TS=2 * bn // 4)
+
+
+def q8_workgroup_bytes(tm: int, tv: int) -> int:
+    d = q8_defines(tm, tv)
+    return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
+
+
+def q8_tile(dev, rows: int, tokens: int) -> tuple[int, int]:
+    """The first tile that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one
+    leaving the most), within the adapter's workgroup memory."""
+    room = dev.limit("max-compute-workgroup-storage-size", 16384)
+    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room]
+    for tm, tv in fits:
+        if cdiv(rows, 16 * tm) * cdiv(tokens, 64 * tv) >= MIN_WORKGROUPS:
+            return tm, tv
+    return max(fits, key=lambda t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]))
+
+
+def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool) -> tuple[list[Dispatch], tuple]:
+    """x's rows (k floats each, at most `tokens` of them) as int8 blocks: the dispatch and its three buffers.
+    The buffers are scratch shared by every GEMM of this shape: plans run their dispatches in order."""
+    nb = k // 32
+    xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
+    xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)
+    xs = dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8)
+    pipe = pipeline(dev, "quantize_q8")
+    bg = dev.bind_group(pipe, [dev.uniform(k, int(from_state_row), 0, 0), st, x, xq, xd, xs])
+    gx = cdiv(nb, 64)
+    return [Dispatch(pipe, bg, lambda n: (gx, n), label="quantize_q8")], (xq, xd, xs)
+
+
+def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+              tile=None) -> list[Dispatch]:
+    """x has at most max_tokens rows; `tile`: (TM, TV) for every row chunk, else q8_tile's choice."""
+    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row)
+    for c in w.chunks:
+        tm, tv = tile or q8_tile(dev, c.rows, max_tokens)
+        pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate,
+                        **q8_defines(tm, tv))
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
+        res = [params, st, c.buffer, *xbufs, y] + ([bias] if bias is not None else [])
+        gx, bn = cdiv(c.rows, 16 * tm), 64 * tv
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn: (gx, cdiv(n, bn)),
+                            label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size))
+    return out

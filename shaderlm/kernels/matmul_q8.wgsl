@@ -1,0 +1,209 @@
+// Prefill GEMM on 8-bit integers: y[t, row] (+)= sum_k W[row, k] * x[t, k], with x rounded to int8
+// per 16-element run by quantize_q8.wgsl (words xq, scales xd, sums xs) and the weights as their bytes
+// q (value d * q + m, the type's iq8). A workgroup computes BM rows x BN tokens; each K step of 32
+// stages the weight tile (decoded once) and the activation tile in workgroup memory, two buffers so
+// that the next step's global loads are in flight while this one computes. A thread owns TM rows x
+// 4 TV tokens: dot4I8Packed sums in i32 over a 16-element run, then one f32 fold
+//   acc += f32(isum) * (d_w * d_x) + m_w * (d_x * sum q_x).
+// (A scale per 16 rather than 32 values of x costs about a sixth of the speed and takes a third
+// off the error: docs/performance.md.)
+// Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
+#include quant_common
+#include {{QUANT}}
+#include state
+#include epilogue
+
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, _a: u32, _b: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> xd: array<vec2<f32>>;
+@group(0) @binding(5) var<storage, read> xs: array<vec2<f32>>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(7) var<storage, read> bias: array<f32>;
+#endif
+
+const BM: u32 = {{BM}}u;          // rows a workgroup: 16 TM
+const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
+const RV: u32 = BM / 4u;          // vec4s across the rows
+const TW: u32 = BN / 4u;          // vec4s across the tokens
+const NS: u32 = 2u;               // scale groups a K step: x has a scale per 16
+const GW: u32 = 4u;               // words a scale group
+
+// [buffer][word k][row / 4] and [buffer][group][row / 4]; [buffer][word k][token / 4], [buffer][token / 4]
+var<workgroup> wq: array<array<vec4<u32>, {{WQ}}>, 2>;
+var<workgroup> wd: array<array<vec4<f32>, {{WS}}>, 2>;
+var<workgroup> wm: array<array<vec4<f32>, {{WS}}>, 2>;
+var<workgroup> tq: array<array<vec4<u32>, {{TQ}}>, 2>;
+var<workgroup> td: array<array<vec4<f32>, {{TD}}>, 2>;
+var<workgroup> ts: array<array<vec4<f32>, {{TS}}>, 2>;
+
+// What one thread loads for a K step: weight groups (row, 8 elements) and activation vec4s.
+struct Tile {
+#unroll LW e
+    w$e: IQ8,
+#end
+#unroll XL e
+    x$e: vec4<u32>,
+#end
+    d: vec2<f32>,
+    s: vec2<f32>,
+}
+
+fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
+    var t: Tile;
+    let bpr = p.k / QK;
+    let k0 = step * 32u;
+    // loads are unconditional (clamped indices, results zeroed): a load under an `if` waits for its value
+#unroll LW e
+    {
+        let i = li + $eu * 256u;
+        let row = r_base + i / 4u;
+        let v = iq8(min(row, p.rows - 1u) * bpr + k0 / QK, (k0 % QK) / 8u + i % 4u);
+        let ok = row < p.rows;
+        t.w$e = IQ8(v.q, select(0.0, v.d, ok), select(0.0, v.m, ok));
+    }
+#end
+    let nb = p.k / 32u;
+#unroll XL e
+    {
+        let i = li + $eu * 256u;
+        let tok = min(t_base + i / 2u, m - 1u);
+        t.x$e = xq[(tok * nb + step) * 2u + i % 2u];
+    }
+#end
+    let tok = t_base + li % BN;
+    let b = min(tok, m - 1u) * nb + step;
+    let ok = tok < m;
+    t.d = select(vec2<f32>(0.0), xd[b], ok);
+    t.s = select(vec2<f32>(0.0), xs[b], ok);
+    return t;
+}
+
+fn store_tile(li: u32, buf: u32, t: Tile) {
+#unroll LW e
+    {
+        let i = li + $eu * 256u;
+        let r = i / 4u;
+        let j = i % 4u;
+        wq[buf][2u * j * RV + r / 4u][r % 4u] = t.w$e.q.x;
+        wq[buf][(2u * j + 1u) * RV + r / 4u][r % 4u] = t.w$e.q.y;
+        if (j % (4u / NS) == 0u) {
+            let g = j / (4u / NS);
+            wd[buf][g * RV + r / 4u][r % 4u] = t.w$e.d;
+            wm[buf][g * RV + r / 4u][r % 4u] = t.w$e.m;
+        }
+    }
+#end
+#unroll XL e
+    {
+        let i = li + $eu * 256u;
+        if (i < 2u * BN) {
+            let tok = i / 2u;
+            let k4 = (i % 2u) * 4u;
+            let v = t.x$e;
+            tq[buf][k4 * TW + tok / 4u][tok % 4u] = v.x;
+            tq[buf][(k4 + 1u) * TW + tok / 4u][tok % 4u] = v.y;
+            tq[buf][(k4 + 2u) * TW + tok / 4u][tok % 4u] = v.z;
+            tq[buf][(k4 + 3u) * TW + tok / 4u][tok % 4u] = v.w;
+        }
+    }
+#end
+    if (li < BN) {
+        td[buf][li / 4u][li % 4u] = t.d.x;
+        td[buf][TW + li / 4u][li % 4u] = t.d.y;
+        ts[buf][li / 4u][li % 4u] = t.s.x;
+        ts[buf][TW + li / 4u][li % 4u] = t.s.y;
+    }
+}
+
+// Integers below 2^22 in magnitude to floats exactly, with an add and a subtract: a scale group's sums
+// stay below 32 * 128 * 128 = 2^19. (int-to-float conversion is a quarter-rate instruction on NVIDIA)
+fn i2f(v: vec4<i32>) -> vec4<f32> {
+    return bitcast<vec4<f32>>(v + vec4<i32>(0x4B400000)) - vec4<f32>(12582912.0);
+}
+
+fn i4(a: u32, b: vec4<u32>) -> vec4<i32> {
+    return vec4<i32>(dot4I8Packed(a, b.x), dot4I8Packed(a, b.y), dot4I8Packed(a, b.z), dot4I8Packed(a, b.w));
+}
+
+@compute @workgroup_size(256)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let m = st.n - first;
+    let r_base = wid.x * BM;
+    let t_base = wid.y * BN;
+    if (t_base >= m) { return; }
+    let tr = li % 16u;
+    let tc = li / 16u;
+    let steps = p.k / 32u;
+#unroll RG g
+#unroll 4 c
+#unroll TV h
+    var a$g$c$h = vec4<f32>(0.0);
+    var s$g$c$h = vec4<i32>(0);
+#end
+#end
+#end
+    store_tile(li, 0u, load_tile(li, 0u, r_base, t_base, m));
+    workgroupBarrier();
+    for (var step = 0u; step < steps; step++) {
+        let buf = step & 1u;
+        // the next step's loads (the last step reloads its own, unused)
+        let next = load_tile(li, min(step + 1u, steps - 1u), r_base, t_base, m);
+        for (var g = 0u; g < NS; g++) {
+            for (var k = g * GW; k < g * GW + GW; k++) {
+#unroll RG g
+                let w$g = wq[buf][k * RV + tr + $gu * 16u];
+#end
+#unroll TV h
+                let x$h = tq[buf][k * TW + tc + $hu * 16u];
+#end
+#unroll RG g
+#unroll 4 c
+#unroll TV h
+                s$g$c$h += i4(w$g[$c], x$h);
+#end
+#end
+#end
+            }
+#unroll RG g
+            let d$g = wd[buf][g * RV + tr + $gu * 16u];
+            let o$g = wm[buf][g * RV + tr + $gu * 16u];
+#end
+#unroll TV h
+            let xd$h = td[buf][g * TW + tc + $hu * 16u];
+            let xs$h = ts[buf][g * TW + tc + $hu * 16u];
+#end
+#unroll RG g
+#unroll 4 c
+#unroll TV h
+            a$g$c$h += i2f(s$g$c$h) * (d$g[$c] * xd$h) + o$g[$c] * xs$h;
+            s$g$c$h = vec4<i32>(0);
+#end
+#end
+#end
+        }
+        store_tile(li, buf ^ 1u, next);
+        workgroupBarrier();
+    }
+#unroll RG g
+#unroll 4 c
+#unroll TV h
+    {
+        let row = r_base + (tr + $gu * 16u) * 4u + $cu;
+        let t = t_base + (tc + $hu * 16u) * 4u;
+        if (row < p.rows) {
+            let yr = p.row0 + row;
+            if (t < m) { write_y(t * p.y_stride + yr, yr, a$g$c$h.x); }
+            if (t + 1u < m) { write_y((t + 1u) * p.y_stride + yr, yr, a$g$c$h.y); }
+            if (t + 2u < m) { write_y((t + 2u) * p.y_stride + yr, yr, a$g$c$h.z); }
+            if (t + 3u < m) { write_y((t + 3u) * p.y_stride + yr, yr, a$g$c$h.w); }
+        }
+    }
+#end
+#end
+#end
+}
