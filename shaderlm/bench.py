@@ -111,13 +111,12 @@ def run(args):
         quant = model.metadata.get("general.file_type", "")
         peak = args.peak_gbs
         extra = {"int8_act": model.net.int8_act, "int8_prefill": model.net.int8_prefill}
-        exact = "" if model.net.int8_prefill else " f32"       # prompts through the exact GEMM
         for d in args.d:
             at = f" @ d{d}" if d else ""
             for p in args.p:
                 if p and not batches:
                     tps = bench_prompt(model, p, args.r, d)
-                    rows.append(_row(name, size, quant, f"pp{p}{at}{exact}", tps, 0, peak, **extra))
+                    rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak, **extra))
             for n in args.n:
                 if not n:
                     continue
@@ -139,8 +138,9 @@ def run(args):
     print(f"device: {device}")
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
+        exact = r["test"].startswith("pp") and not r["int8_prefill"]       # prompts through the f32 GEMM
         vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", _quant_name(r["quant"]) + " i8x" * r["int8_act"],
-                r["test"],
+                r["test"] + " f32" * exact,
                 f"{r['tps']:.1f}", f"{r['spread']:.1f}",
                 f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
                 f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",
