@@ -499,6 +499,30 @@ def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
     assert is_poison(got[n]).all()
 
 
+@pytest.mark.parametrize("tile", ops.PREFILL_ATTENTION_TILES)
+@pytest.mark.parametrize("hd", [64, 128])
+def test_attention_prefill_tiles(dev, tile, hd):
+    """Every prefill attention tile that fits the device, on a prompt chunk of several query and key
+    tiles after earlier positions, with a window starting inside them and GQA 2."""
+    if not ops.prefill_attention_tile_ok(dev, hd, *tile):
+        pytest.skip(f"tile {tile} does not fit this device for head dim {hd}")
+    n, pos, window, n_heads, n_kv = 70, 37, 50, 4, 2
+    rng = np.random.default_rng(hd + tile[0] + tile[1])
+    scale = 1.0 / math.sqrt(hd)
+    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window)
+    out = dev.upload(poisoned((n + 1, n_heads * hd)))
+    st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
+    run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
+                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, prefill_tile=tile), n)
+    got = read_f32(dev, out, (n + 1, n_heads * hd))
+    q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
+    Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
+    Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
+    ref = attention_ref(q, Kf, Vf, pos, scale, window, 0.0, n_heads, n_kv).reshape(n, -1)
+    assert_close(got[:n], ref, ATT_TOL * np.abs(Vf[: pos + n]).max(), f"attention_prefill tile {tile} hd={hd}")
+    assert is_poison(got[n]).all()
+
+
 @pytest.mark.parametrize("neox,rope_dim,hd,n_heads,n_kv,pos,window", [
     (False, 64, 64, 4, 2, 149, 0), (True, 32, 64, 6, 2, 149, 0), (True, 128, 128, 4, 1, 70, 30),
     (False, 96, 128, 2, 2, 0, 0)])

@@ -117,12 +117,15 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
-              neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0) -> Dispatch:
+              neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0,
+              prefill_tile=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
     applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
     attention_shape's where left out. Not autotuned: the best depends on the context length.
-    `paging`: a paged cache; with its rows, `batch` rows of a serving step, each its own sequence."""
+    `paging`: a paged cache; with its rows, `batch` rows of a serving step, each its own sequence.
+    Prompts (not fused, not batched): attention_prefill.wgsl with `prefill_tile` (queries, keys) or
+    prefill_attention_tile's, else attention.wgsl."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
@@ -143,7 +146,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                                            MERGE=max(wg // sgs, splits)), res)
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
-    tile = None if fused or (paging and paging.rows is not None) else prefill_attention_tile(dev, head_dim)
+    tile = None if fused or (paging and paging.rows is not None) else (prefill_tile or
+                                                                       prefill_attention_tile(dev, head_dim))
     if tile:
         bq, bk = tile
         h4 = head_dim // 4
@@ -158,18 +162,24 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
 
 
-PREFILL_ATTENTION_TILES = ((32, 32), (16, 32), (16, 16), (8, 32))     # (queries, keys), in order of preference
+PREFILL_ATTENTION_TILES = ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32))     # (queries, keys), by preference
 
 
 def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
     """The first (queries, keys) tile of attention_prefill.wgsl that fits the adapter's workgroup memory
     and the kernel's thread layout, or None (then attention.wgsl's workgroup a query serves)."""
-    room = dev.limit("max-compute-workgroup-storage-size", 16384)
-    for bq, bk in PREFILL_ATTENTION_TILES:
-        words = bq * head_dim + bk * (head_dim + 4) + bk * head_dim + bq * bk + 256 + 3 * bq
-        if 4 * words <= room and bq * bk >= 256 and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0:
-            return bq, bk
+    for tile in PREFILL_ATTENTION_TILES:
+        if prefill_attention_tile_ok(dev, head_dim, *tile):
+            return tile
     return None
+
+
+def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
+    """The tile's workgroup memory fits and its thread layout covers the head (a row's threads split
+    its keys and its head dims evenly)."""
+    words = bq * head_dim + bk * (head_dim + 4) + bk * head_dim + bq * bk + 256 + 3 * bq
+    return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384) and bq * bk >= 256
+            and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0)
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
