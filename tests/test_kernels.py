@@ -480,23 +480,7 @@ def attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale=1.0):
     (256, 2, 2, 19, 7, 0, 3.0),          # ... hd 256 (smaller tiles), softcap
 ])
 def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
-    rng = np.random.default_rng(hd + pos + n)
-    scale = 1.0 / math.sqrt(hd)
-    qscale = 4.0 if softcap else 1.0                     # scores large enough for the cap to matter
-    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale)
-    out = dev.upload(poisoned((n + 1, n_heads * hd)))
-    st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
-    run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
-                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap), n)
-    got = read_f32(dev, out, (n + 1, n_heads * hd))
-    q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
-    Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
-    Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
-    ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv).reshape(n, -1)
-    tol = ATT_TOL * np.abs(Vf[: pos + n]).max()
-    assert_close(got[:n], ref, tol, f"attention hd={hd} H={n_heads}/{n_kv} n={n} pos={pos} "
-                                    f"window={window} softcap={softcap}")
-    assert is_poison(got[n]).all()
+    check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, seed=hd + pos + n)
 
 
 @pytest.mark.parametrize("tile", ops.PREFILL_ATTENTION_TILES)
@@ -506,20 +490,27 @@ def test_attention_prefill_tiles(dev, tile, hd):
     tiles after earlier positions, with a window starting inside them and GQA 2."""
     if not ops.prefill_attention_tile_ok(dev, hd, *tile):
         pytest.skip(f"tile {tile} does not fit this device for head dim {hd}")
-    n, pos, window, n_heads, n_kv = 70, 37, 50, 4, 2
-    rng = np.random.default_rng(hd + tile[0] + tile[1])
+    check_attention(dev, hd, 4, 2, 70, 37, 50, 0.0, seed=hd + sum(tile), prefill_tile=tile)
+
+
+def check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, *, seed, **kw):
+    """Unfused attention (ops.attention) of n query rows at pos.. against attention_ref."""
+    rng = np.random.default_rng(seed)
     scale = 1.0 / math.sqrt(hd)
-    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window)
+    qscale = 4.0 if softcap else 1.0                     # scores large enough for the cap to matter
+    qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale)
     out = dev.upload(poisoned((n + 1, n_heads * hd)))
     st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
     run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
-                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, prefill_tile=tile), n)
+                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap, **kw), n)
     got = read_f32(dev, out, (n + 1, n_heads * hd))
     q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
     Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
     Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
-    ref = attention_ref(q, Kf, Vf, pos, scale, window, 0.0, n_heads, n_kv).reshape(n, -1)
-    assert_close(got[:n], ref, ATT_TOL * np.abs(Vf[: pos + n]).max(), f"attention_prefill tile {tile} hd={hd}")
+    ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv).reshape(n, -1)
+    tol = ATT_TOL * np.abs(Vf[: pos + n]).max()
+    assert_close(got[:n], ref, tol, f"attention hd={hd} H={n_heads}/{n_kv} n={n} pos={pos} "
+                                    f"window={window} softcap={softcap} {kw}")
     assert is_poison(got[n]).all()
 
 

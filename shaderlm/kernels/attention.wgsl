@@ -9,21 +9,10 @@
 // (paged.wgsl, batch_rows.wgsl).
 #include reduce
 #include state
-#if PAGED
-#include paged
-#endif
+#include kv_rows
 #if BATCH
 #include batch_rows
 #endif
-
-// The cache row holding position `pos` of the sequence in slot s.
-fn kv_at(s: u32, pos: u32) -> u32 {
-#if PAGED
-    return kv_row(s, pos);
-#else
-    return pos;
-#endif
-}
 
 // zero: always 0; XORed into packed halves so drivers cannot fold pack/unpack into a no-op
 // (seen on NVIDIA: the new K/V kept f32 precision while the cache held f16)

@@ -7,17 +7,7 @@
 // Needs BQ * BK >= 256 and BQ * HD >= 1024 (ops.prefill_attention_tile).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
 #include state
-#if PAGED
-#include paged
-#endif
-
-fn kv_at(s: u32, pos: u32) -> u32 {
-#if PAGED
-    return kv_row(s, pos);
-#else
-    return pos;
-#endif
-}
+#include kv_rows
 
 struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, zero: u32 }
 @group(0) @binding(0) var<uniform> p: P;
