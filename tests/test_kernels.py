@@ -479,8 +479,10 @@ def attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale=1.0):
     (128, 4, 1, 45, 100, 50, 0.0),       # ... with a window that starts inside the tiles
     (256, 2, 2, 19, 7, 0, 3.0),          # ... hd 256 (smaller tiles), softcap
 ])
-def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap):
-    check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, seed=hd + pos + n)
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "per-query"])
+def test_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, tiled):
+    """Prompt chunks' attention (tiled) and the unfused decode step's (a workgroup a query)."""
+    check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, seed=hd + pos + n, tiled=tiled)
 
 
 @pytest.mark.parametrize("tile", ops.PREFILL_ATTENTION_TILES)

@@ -118,14 +118,15 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
               neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0,
-              prefill_tile=None) -> Dispatch:
+              tiled: bool = True, prefill_tile=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
     applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
     attention_shape's where left out. Not autotuned: the best depends on the context length.
     `paging`: a paged cache; with its rows, `batch` rows of a serving step, each its own sequence.
-    Prompts (not fused, not batched): attention_prefill.wgsl with `prefill_tile` (queries, keys) or
-    prefill_attention_tile's, else attention.wgsl."""
+    Unfused and unbatched, with `tiled` (prompt chunks): attention_prefill.wgsl with `prefill_tile`
+    (queries, keys) or prefill_attention_tile's where one fits; else (a decode step's single query, on
+    adapters that do not fuse it) attention.wgsl, a workgroup a query."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
@@ -146,8 +147,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                                            MERGE=max(wg // sgs, splits)), res)
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
-    tile = None if fused or (paging and paging.rows is not None) else (prefill_tile or
-                                                                       prefill_attention_tile(dev, head_dim))
+    tile = None if fused or not tiled or (paging and paging.rows is not None) else (
+        prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
         bq, bk = tile
         h4 = head_dim // 4

@@ -339,7 +339,7 @@ class Transformer:
         return [ops.rope_store(dev, self.qkv, inv_freq, b.k[i], b.v[i], b.state, n_heads=a.n_heads,
                                n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox,
                                paging=b.paging),
-                ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn)]
+                ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, tiled=b.tt > 1, **attn)]
 
     def residual(self, i: int, block: str, w, inp, tt: int, next_norm=None) -> list:
         """Hook: x += w . inp, the output of layer i's `block`. `next_norm` is the norm the next block
