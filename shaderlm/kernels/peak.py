@@ -21,18 +21,24 @@ def peak_read_gbs(dev, reps: int = 10) -> float:
     out = dev.buffer(groups * 256 * 4)
     plan = Plan(dev, [Dispatch(pipe, dev.bind_group(pipe, [src, out]), (groups, 1, 1), label="peak_read",
                                bytes=size)])
-    plan.run(1)
+    return size / _median_seconds(dev, plan, 1, out, reps) / 1e9
+
+
+def _median_seconds(dev, plan, n: int, out, reps: int) -> float:
+    """Median GPU seconds of plan run with n tokens (after a warm-up run): its dispatches' timestamps,
+    or the CPU clock around run and a read of `out` where the adapter has no timestamps in passes."""
+    plan.run(n)
     dev.read(out, np.uint32, 0, 16)
-    if "timestamp-query-inside-passes" in dev.features:
-        times = [time_dispatches(dev, plan, 1)[0] for _ in range(reps)]
-    else:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            plan.run(1)
-            dev.read(out, np.uint32, 0, 16)
-            times.append(time.perf_counter() - t0)
-    return size / statistics.median(times) / 1e9
+    times = []
+    for _ in range(reps):
+        if "timestamp-query-inside-passes" in dev.features:
+            times.append(sum(time_dispatches(dev, plan, n)))
+            continue
+        t0 = time.perf_counter()
+        plan.run(n)
+        dev.read(out, np.uint32, 0, 16)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def peak_gemm_tflops(dev, int8: bool, rows: int = 14336, k: int = 4096, tokens: int = 512, reps: int = 5) -> float:
@@ -46,15 +52,4 @@ def peak_gemm_tflops(dev, int8: bool, rows: int = 14336, k: int = 4096, tokens: 
     x, y = dev.buffer(tokens * k * 4), dev.buffer(tokens * rows * 4)
     st = dev.upload(np.array([0, tokens, 0, 0, 0, 0, 0, 0], np.uint32))
     plan = Plan(dev, matmul(dev, w, x, y, st, tt=tokens, y_stride=rows, int8=int8))
-    plan.run(tokens)
-    dev.read(y, np.float32, 0, 16)
-    if "timestamp-query-inside-passes" in dev.features:
-        times = [sum(time_dispatches(dev, plan, tokens)) for _ in range(reps)]
-    else:
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            plan.run(tokens)
-            dev.read(y, np.float32, 0, 16)
-            times.append(time.perf_counter() - t0)
-    return 2.0 * rows * k * tokens / statistics.median(times) / 1e12
+    return 2.0 * rows * k * tokens / _median_seconds(dev, plan, tokens, y, reps) / 1e12
