@@ -51,8 +51,14 @@ PRESETS: dict[str, dict[str, Any]] = {
 # what a preset may say beyond the architecture's args
 _SYNTH_KEYS = {"tokenizer": "tiny", "rope_freqs": None, "rope_factors": None, "chat_template": None}
 
-QUANT_MIXES = ("Q4_K_M", "Q5_K_M", "Q4_K_M_LCPP", "Q5_K_M_LCPP")
-_SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+# Q2_K and IQ4_XS as `quant` are llama.cpp's mixes of those names (as its file types are); as
+# embed_type, and inside the mixes, the tensor types.
+QUANT_MIXES = ("Q4_K_M", "Q5_K_M", "Q4_K_M_LCPP", "Q5_K_M_LCPP", "Q2_K", "Q3_K_M", "IQ4_XS")
+_SINGLE_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                 "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4")
+_QUANT_NAMES = tuple(dict.fromkeys(_SINGLE_TYPES + QUANT_MIXES))
+# llama.cpp's own low-bit mixes (no "benchmark layout" variant): their base type
+_LOW_BIT_MIXES = {"Q2_K": "Q2_K", "Q3_K_M": "Q3_K", "IQ4_XS": "IQ4_XS"}
 _FILE_TYPE = {
     "F32": LlamaFileType.ALL_F32, "F16": LlamaFileType.MOSTLY_F16, "BF16": LlamaFileType.MOSTLY_BF16,
     "Q8_0": LlamaFileType.MOSTLY_Q8_0, "Q4_0": LlamaFileType.MOSTLY_Q4_0, "Q4_1": LlamaFileType.MOSTLY_Q4_1,
@@ -60,9 +66,12 @@ _FILE_TYPE = {
     "Q5_K": LlamaFileType.MOSTLY_Q5_K_S, "Q6_K": LlamaFileType.MOSTLY_Q6_K,
     "Q4_K_M": LlamaFileType.MOSTLY_Q4_K_M, "Q5_K_M": LlamaFileType.MOSTLY_Q5_K_M,
     "Q4_K_M_LCPP": LlamaFileType.MOSTLY_Q4_K_M, "Q5_K_M_LCPP": LlamaFileType.MOSTLY_Q5_K_M,
+    "Q2_K": LlamaFileType.MOSTLY_Q2_K, "Q3_K": LlamaFileType.MOSTLY_Q3_K_S, "Q3_K_M": LlamaFileType.MOSTLY_Q3_K_M,
+    "IQ4_NL": LlamaFileType.MOSTLY_IQ4_NL, "IQ4_XS": LlamaFileType.MOSTLY_IQ4_XS,
+    "MXFP4": LlamaFileType.MOSTLY_MXFP4_MOE,
 }
 # llama.cpp's replacements when a row length is not a multiple of the K-quant super-block (256)
-_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0"}
+_K_FALLBACK = {"Q4_K": "Q5_0", "Q5_K": "Q5_1", "Q6_K": "Q8_0", "Q2_K": "IQ4_NL", "Q3_K": "IQ4_NL", "IQ4_XS": "IQ4_NL"}
 
 
 def preset_names() -> list[str]:
@@ -125,6 +134,29 @@ def _use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+def _low_bit_type(quant: str, role: str, layer: int, a: ModelArgs) -> str:
+    """A matrix's type in llama.cpp's Q2_K, Q3_K_M or IQ4_XS (output and token_embd: tensor_plan).
+    Q2_K: attn_v Q3_K (Q4_K at GQA >= 4), ffn_down and attn_output Q3_K, the rest Q2_K.
+    Q3_K_M: attn_v Q5_K in layers 0-1 else Q4_K, ffn_down Q5_K in the first n/16 layers else Q4_K,
+    attn_output (attn_qkv) Q4_K, the rest Q3_K. IQ4_XS: attn_v Q5_K at GQA >= 4, ffn_down Q5_K in the
+    first n/8 layers, the rest IQ4_XS."""
+    # llama.cpp's llama_tensor_get_type for these file types without an imatrix, dense-model rules only
+    n, gqa, down = a.n_layers, a.n_heads // a.n_kv_heads, role.startswith("ffn_down")
+    if quant == "Q2_K":
+        if role == "attn_v":
+            return "Q4_K" if gqa >= 4 else "Q3_K"
+        return "Q3_K" if down or role == "attn_output" else "Q2_K"
+    if quant == "Q3_K_M":
+        if role == "attn_v":
+            return "Q5_K" if layer < 2 else "Q4_K"
+        if down:
+            return "Q5_K" if layer < n // 16 else "Q4_K"
+        return "Q4_K" if role in ("attn_output", "attn_qkv") else "Q3_K"
+    if (role == "attn_v" and gqa >= 4) or (down and layer < n // 8):
+        return "Q5_K"
+    return "IQ4_XS"
+
+
 def _fit(qtype: str, row: int) -> str:
     """The type actually stored for a row length (llama.cpp's fallbacks for incompatible shapes)."""
     block = GGML_QUANT_SIZES[GGMLQuantizationType[qtype]][0]
@@ -138,14 +170,14 @@ def _fit(qtype: str, row: int) -> str:
 def tensor_plan(s: Synthetic, quant: str, embed_type: str | None) -> list[tuple[str, tuple[int, ...], str]]:
     """[(name, numpy shape, type)] in file order: the architecture's tensors, plus RoPE factor tables."""
     quant = quant.upper()
-    if quant not in _SINGLE_TYPES and quant not in QUANT_MIXES:
-        raise ValueError(f"unknown quant {quant!r}; use one of {', '.join(_SINGLE_TYPES + QUANT_MIXES)}")
+    if quant not in _QUANT_NAMES:
+        raise ValueError(f"unknown quant {quant!r}; use one of {', '.join(_QUANT_NAMES)}")
     if embed_type is not None and embed_type.upper() not in _SINGLE_TYPES:
         raise ValueError(f"unknown embed_type {embed_type!r}; use one of {', '.join(_SINGLE_TYPES)}")
     a = s.args
     mix = quant in QUANT_MIXES
-    lcpp = quant.endswith("_LCPP")
-    base = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K"}.get(quant.removesuffix("_LCPP"), quant)
+    lcpp = quant.endswith("_LCPP") or quant in _LOW_BIT_MIXES
+    base = {"Q4_K_M": "Q4_K", "Q5_K_M": "Q5_K", **_LOW_BIT_MIXES}.get(quant.removesuffix("_LCPP"), quant)
 
     def mat(role: str, layer: int) -> str:
         if not mix:
@@ -161,6 +193,8 @@ def tensor_plan(s: Synthetic, quant: str, embed_type: str | None) -> list[tuple[
             return "Q6_K"
         if role == "token_embd":
             return base            # llama.cpp: an untied embedding is only gathered, never streamed
+        if quant in _LOW_BIT_MIXES:
+            return _low_bit_type(quant, role, layer, a)
         if role in ("attn_v", "ffn_down") and (not lcpp or _use_more_bits(layer, a.n_layers)):
             return "Q6_K"
         return base
@@ -247,6 +281,18 @@ def _random_quant_rows(qtype: str, n_rows: int, row_len: int, std: float, bitgen
         blocks[:, 2:4] = _f16_bytes(15.5 * dd)
     elif qtype == "Q6_K":      # ql[128], qh[64], scales[16] int8, d: w = d*sc*(q-32)
         blocks[:, 208:210] = _f16_bytes(jitter * (std / 1366.0))
+    elif qtype == "Q2_K":      # scales[16] (sc | m << 4), qs[64], d, dmin: w = d*sc*q - dmin*m
+        dd = jitter * (std / 13.9)
+        blocks[:, 80:82] = _f16_bytes(dd)
+        blocks[:, 82:84] = _f16_bytes(1.5 * dd)
+    elif qtype == "Q3_K":      # hmask[32], qs[64], scales[12] (6-bit), d: w = d*(sc-32)*(q-4)
+        blocks[:, 108:110] = _f16_bytes(jitter * (std / 43.3))
+    elif qtype == "IQ4_NL":    # d, qs[16]: w = d*kv[q] (kv int8, asymmetric: d of either sign)
+        blocks[:, 0:2] = _f16_bytes(jitter * np.where(rng.random(n_blocks) < 0.5, -1, 1) * (std / 67.1))
+    elif qtype == "IQ4_XS":    # d, scales_h, scales_l[4], qs[128]: w = d*(sc-32)*kv[q], 6-bit sc
+        blocks[:, 0:2] = _f16_bytes(jitter * (std / 1247.0))
+    elif qtype == "MXFP4":     # e (E8M0), qs[16]: w = 2^(e-128) * kv[q], kv the doubled e2m1 values
+        blocks[:, 0] = 128 + np.rint(np.log2(jitter * (std / 5.85))).astype(np.int64)
     else:
         raise ValueError(f"no random block generator for {qtype}")
     return blocks.reshape(n_rows, -1)
@@ -384,10 +430,11 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
 
     preset: "tiny" (default), "tiny-k" or an architecture's preset (models/<arch>.py); arch: the
     preset's unless given. quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0,
-    Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K) with token_embd in ``embed_type`` (default Q8_0); or a mix,
-    "Q4_K_M" / "Q5_K_M" (the yardsticks' layout: Q6_K attn_v, ffn_down, output and token_embd) or
-    "Q4_K_M_LCPP" / "Q5_K_M_LCPP" (llama.cpp's own). Rows whose length is not a multiple of a type's
-    block get llama.cpp's fallback type (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, others -> F16).
+    Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL, MXFP4) with token_embd in ``embed_type`` (default
+    Q8_0); or a mix, "Q4_K_M" / "Q5_K_M" (the yardsticks' layout: Q6_K attn_v, ffn_down, output and
+    token_embd), "Q4_K_M_LCPP" / "Q5_K_M_LCPP" (llama.cpp's own), or llama.cpp's "Q2_K", "Q3_K_M" and
+    "IQ4_XS". Rows whose length is not a multiple of a type's block get llama.cpp's fallback type
+    (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K / IQ4_XS -> IQ4_NL, others -> F16).
     overrides: any field of the architecture's args (dim, n_layers, tied, ...), or tokenizer ("tiny"
     | "smollm2"), rope_freqs, rope_factors, chat_template. Tensors are written one chunk (<= 64 MiB)
     at a time; weights depend on (seed, tensor name)."""
@@ -600,7 +647,7 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     p.add_argument("--preset", "--size", dest="preset", default="tiny", choices=preset_names(),
                    help="model shapes (default: tiny)")
     p.add_argument("--arch", default=None, choices=list(architectures()), help="architecture (default: the preset's)")
-    p.add_argument("--quant", default=None, help="tensor type or mix: " + ", ".join(_SINGLE_TYPES + QUANT_MIXES)
+    p.add_argument("--quant", default=None, help="tensor type or mix: " + ", ".join(_QUANT_NAMES)
                    + " (default Q4_1); for --format hf: F32, F16 or BF16 (default BF16)")
     p.add_argument("--format", default="gguf", choices=["gguf", "hf"],
                    help="a GGUF file, or a Hugging Face folder (config.json, safetensors, tokenizer.json)")

@@ -6,8 +6,10 @@ blocks, so that the rest of every block starts on a word, and on 16 bytes wherev
 for the decode GEMV's vec4<u32> loads; no byte is added:
     [block 0 minus field][block 1 minus field]...[field 0][field 1]...
 The WGSL decoders in kernels/quant/ read this layout; `dbase` (a kernel parameter) is the word
-where the field array starts. Q4_K and Q5_K blocks also have their 16-byte header's bits regrouped
-(`k4_header`), on the GPU right after upload (kernels/k4_regroup.wgsl), again adding no byte.
+where the field array starts. (Fields need not fill whole words: MXFP4's are one byte, Q3_K's 14,
+its scales and d, so its field b starts two bytes into a word for odd b.) Q4_K and Q5_K blocks also
+have their 16-byte header's bits regrouped (`k4_header`), on the GPU right after upload
+(kernels/k4_regroup.wgsl), again adding no byte.
 """
 from __future__ import annotations
 
@@ -37,7 +39,8 @@ class QuantType:
 
     @property
     def blocked(self) -> bool:
-        """Quantized in blocks of 32 or more (the decoder has iq8, for the int8 prefill GEMM)."""
+        """Quantized in blocks of 32 or more (the decoder has iq8, for the int8 prefill GEMM, which
+        takes one (d, m) per aligned 16-element run: Q2_K, Q3_K and Q6_K's sub-blocks are that size)."""
         return self.block_elems >= 32
 
     @property
@@ -60,6 +63,11 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True),   # 144 = 9 x 16
     QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48), k4_header=True),                  # 176 = 11 x 16
     QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True),  # d            -> 208 = 13 x 16
+    QuantType("Q2_K", 256, 84, (80, 4), wide=(256, 4, 36), int8_dot=True),    # d, dmin      -> 80 = 5 x 16
+    QuantType("Q3_K", 256, 110, (96, 14), wide=(256, 4, 52), int8_dot=True),  # scales, d    -> 96 = 6 x 16
+    QuantType("IQ4_NL", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True),     # d            -> 16
+    QuantType("IQ4_XS", 256, 136, (0, 8), wide=(256, 8, 24), int8_dot=True),  # d, scales    -> 128 = 8 x 16
+    QuantType("MXFP4", 32, 17, (0, 1), wide=(32, 1, 20), int8_dot=True),      # e (E8M0)     -> 16
 ]}
 
 
