@@ -11,6 +11,7 @@ import os
 import random
 import sys
 import time
+import traceback
 
 from . import __version__
 from .errors import ShaderLMError
@@ -67,8 +68,8 @@ def _model_args(p, gen=True):
 def add_precision(p):
     # defaults None, not False: without a flag, shaderlm.load falls back to SHADERLM_INT8_ACT / _EXACT_PREFILL
     p.add_argument("--int8-act", action="store_true", default=None,
-                   help="decode GEMVs round x to int8 and use integer dot products (Q4_0/Q4_1/Q8_0/Q4_K/Q6_K; "
-                        "faster, not bit-exact)")
+                   help="decode GEMVs round x to int8 and use integer dot products where the weight type has "
+                        "them (faster, not bit-exact)")
     p.add_argument("--exact-prefill", action="store_true", default=None,
                    help="prompts through the f32 GEMM (default on GPUs: x rounded to int8 per 16 values, "
                         "integer dot products; faster, not bit-exact)")
@@ -261,7 +262,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("chat", help="interactive chat that keeps the conversation")
     p.add_argument("--system", help="system prompt")
-    p.add_argument("--verbose", "-v", action="store_true", help="print speed after each reply")
+    p.add_argument("--verbose", "-v", action="store_true",
+                   help="print speed after each reply, and the traceback of an error")
     _model_args(p)
     p.set_defaults(fn=cmd_chat)
 
@@ -305,6 +307,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--outtype", default="auto", choices=["auto", "F32", "F16", "BF16", "Q8_0", "Q4_K"],
                    help="matrix type (default: keep the checkpoint's float type)")
     p.set_defaults(fn=cmd_convert)
+    for p in sub.choices.values():
+        try:
+            p.add_argument("--verbose", "-v", action="store_true", help="show the traceback of an error")
+        except argparse.ArgumentError:
+            pass                         # chat has its own --verbose, which also shows tracebacks
     return ap
 
 
@@ -312,14 +319,31 @@ def main(argv=None):
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args) or 0
-    except ShaderLMError as e:
-        print(f"shaderlm: error: {e}", file=sys.stderr)
-        return 1
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:            # `shaderlm run ... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except SystemExit:
+        raise
+    except BaseException as e:         # noqa: BLE001 - a Rust panic in `tokenizers` is a BaseException
+        if args.verbose:
+            traceback.print_exc()
+        print(f"shaderlm: error: {_one_line(e, args)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException, args) -> str:
+    """The error as one line: the project's own errors name their file and problem; anything else is
+    a bug of ours, said as such, with what it was working on."""
+    text = " ".join(str(e).split()) or type(e).__name__
+    if isinstance(e, ShaderLMError):
+        return text
+    if isinstance(e, MemoryError):
+        return f"out of memory ({getattr(args, 'model', None) or 'the default model'})"
+    on = f" on {args.model}" if getattr(args, "model", None) else ""
+    hint = "" if args.verbose else " (--verbose shows where)"
+    return f"internal error in `shaderlm {args.cmd}`{on}: {type(e).__name__}: {text[:500]}{hint}"
 
 
 if __name__ == "__main__":

@@ -69,6 +69,27 @@ def test_errors_are_one_line(tiny_gguf, tmp_path, capsys, argv, msg):
     assert err.startswith("shaderlm: error:") and msg in err and "Traceback" not in err, err
 
 
+class _Panic(BaseException):
+    """What a Rust panic inside `tokenizers` raises: a BaseException, not an Exception."""
+
+
+@pytest.mark.parametrize("error", [ZeroDivisionError("division by zero"), _Panic("called `Option::unwrap()`"),
+                                   MemoryError()])
+def test_any_error_is_one_line_and_verbose_shows_where(tiny_gguf, monkeypatch, capsys, error):
+    """Errors that are not the project's own (bugs of ours) still end in one line naming the command
+    and the model, exit 1; --verbose adds the traceback."""
+    def fail(*a, **kw):
+        raise error
+    monkeypatch.setattr("shaderlm.cli._load", fail)
+    assert main(["run", "-m", tiny_gguf, "hi"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("shaderlm: error:"), err
+    assert (tiny_gguf in err) and ("out of memory" if isinstance(error, MemoryError) else type(error).__name__) in err
+    assert main(["run", "-m", tiny_gguf, "--verbose", "hi"]) == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err and err.strip().splitlines()[-1].startswith("shaderlm: error:")
+
+
 # ---- first contact: what a new user types -------------------------------------------------------
 @pytest.mark.parametrize("argv,flag", [
     (["run", "-n", "0", "hi"], "-n"), (["run", "-n", "-3", "hi"], "-n"), (["run", "--temp", "-1", "hi"], "--temp"),

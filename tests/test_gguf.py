@@ -27,7 +27,8 @@ def config(path):
 
 
 def test_supported_types():
-    assert SUPPORTED_TYPES == ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K")
+    assert SUPPORTED_TYPES == ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K",
+                               "Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 
 
 def test_smollm2_config(smollm2_path):
@@ -190,7 +191,7 @@ def test_synthetic_overrides_and_errors(tmp_path):
     with pytest.raises(ValueError, match="preset"):
         write_synthetic_gguf(tmp_path / "x.gguf", preset="nope")
     with pytest.raises(ValueError, match="quant"):
-        write_synthetic_gguf(tmp_path / "x.gguf", quant="Q3_K")
+        write_synthetic_gguf(tmp_path / "x.gguf", quant="IQ2_XXS")
 
 
 def test_synthetic_is_deterministic(tmp_path):
@@ -307,7 +308,7 @@ def _type_field_offset(t) -> int:
     return t.field.offset + 8 + len(bytes(name)) + 4 + 8 * int(n_dims[0])
 
 
-@pytest.mark.parametrize("type_id,expect", [(999, "unknown ggml type id 999"), (10, "type Q2_K"),
+@pytest.mark.parametrize("type_id,expect", [(999, "unknown ggml type id 999"), (18, "type IQ3_XXS"),
                                             (16, "type IQ2_XXS")])
 def test_unsupported_tensor_type(tiny_gguf, layout, tmp_path, type_id, expect):
     t = layout["tensors"][3]
@@ -320,15 +321,16 @@ def test_unsupported_tensor_type(tiny_gguf, layout, tmp_path, type_id, expect):
     assert expect in msg and f"'{t.name}'" in msg and path in msg and "Q4_K" in msg
 
 
-def _minimal(path, arch="llama", skip=(), tensor=True) -> str:
+def _minimal(path, arch="llama", skip=(), tensor=True, kv=None) -> str:
     w = gguf.GGUFWriter(str(path), arch)
     kv = {f"{arch}.block_count": 1, f"{arch}.embedding_length": 32, f"{arch}.attention.head_count": 4,
-          f"{arch}.context_length": 64, f"{arch}.feed_forward_length": 64}
+          f"{arch}.context_length": 64, f"{arch}.feed_forward_length": 64, **(kv or {})}
     for k, v in kv.items():
         if k not in skip:
             w.add_uint32(k, v)
     if tensor:
         w.add_tensor("token_embd.weight", np.ones((10, 32), dtype=np.float32))
+        w.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))   # the block count's one layer
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -349,6 +351,9 @@ def test_missing_required_key(tmp_path):
     # a minimal but complete file works, vocab from token_embd rows
     _, c = config(_minimal(tmp_path / "ok.gguf"))
     assert (c.n_layers, c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.vocab_size) == (1, 32, 4, 4, 8, 10)
+    # the block count is bounded by the layers that have tensors (a huge count fails before any loop)
+    with pytest.raises(ModelFormatError, match=r"'llama.block_count' is 2, but the tensors are there for 1 layers"):
+        config(_minimal(tmp_path / "two.gguf", kv={"llama.block_count": 2}))
 
 
 def test_unsupported_arch(tmp_path):
@@ -407,6 +412,7 @@ def test_rope_scaling_keys(tmp_path):
     w.add_float32("llama.rope.scaling.factor", 4.0)
     w.add_tensor("token_embd.weight", np.ones((10, 32), dtype=np.float32))
     w.add_tensor("rope_freqs.weight", np.ones(4, dtype=np.float32))
+    w.add_tensor("blk.0.attn_norm.weight", np.ones(32, dtype=np.float32))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1093,3 +1093,17 @@ def test_read_after_submission(indexed):
     enc.copy_buffer_to_buffer(src[3], 0, staging[0], 0, 256)
     np.testing.assert_array_equal(np.frombuffer(dev.read_after(staging[0], dev.submit([enc.finish()]), 256),
                                                 np.uint32), blocks[3])
+
+
+def test_buffer_over_the_adapter_limit_is_a_device_error():
+    """A buffer larger than the adapter allows is refused by name before wgpu sees it; a GPU error
+    in wgpu (here its own validation of a buffer that cannot be mapped for reading and writing both)
+    comes back as a DeviceError naming what was being done."""
+    from shaderlm.errors import DeviceError
+    from shaderlm.gpu.backend import BufferUsage
+    dev = get_device()
+    largest = dev.limit("max-buffer-size", 0)
+    with pytest.raises(DeviceError, match=r"KV cache needs [\d,]+ bytes, over the largest buffer"):
+        dev.buffer(largest + 1, label="KV cache")
+    with pytest.raises(DeviceError, match="allocating odd buffer .* failed on .*GPUValidationError"):
+        dev.buffer(64, BufferUsage.MAP_READ | BufferUsage.MAP_WRITE, label="odd buffer")

@@ -124,6 +124,33 @@ def test_prefix_cache(engine):
     _settled(engine)
 
 
+def test_gpu_fault_fails_its_request_and_the_engine_goes_on(engine, monkeypatch):
+    """A GPU error in a step (out of memory here; a lost device reads the same) ends the requests in
+    it with an error naming what failed; their pages come back and the next request is served."""
+    import wgpu
+    m = engine.model
+    dev = m.net.dev
+    if dev.indexed is None:
+        pytest.skip("the fault is injected at wgpu-native's indexed submit")
+    prompt = random_ids(m.config.vocab_size, 12, 4)
+    want = m.generate_tokens(prompt, 6, stop_at_eos=False)
+    real, failed = dev.indexed.submit, []
+
+    def submit_once_out_of_memory(command_buffers):
+        if not failed:
+            failed.append(True)
+            raise wgpu.GPUOutOfMemoryError("Out of memory")
+        return real(command_buffers)
+    monkeypatch.setattr(dev.indexed, "submit", submit_once_out_of_memory)
+    events = list(engine.submit(Request(prompt, max_tokens=6, stop_at_eos=False)))
+    assert events[-1].finish_reason == "error"
+    assert "submitting GPU work failed" in events[-1].error and "GPUOutOfMemoryError" in events[-1].error
+    _settled(engine)
+    out = [t for ev in engine.submit(Request(prompt, max_tokens=6, stop_at_eos=False)) for t in ev.token_ids]
+    assert out == want
+    _settled(engine)
+
+
 def test_logprobs(engine):
     """Each token's logprob and its top 3 against a softmax of the model's logits (NumPy)."""
     m = engine.model

@@ -20,7 +20,7 @@ import gguf
 from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from ..errors import ModelFormatError, UnsupportedError
-from .source import ModelSource
+from .source import ModelSource, open_regular
 
 __all__ = ["TensorInfo", "GGUFFile", "write_tensor_data"]
 
@@ -213,16 +213,12 @@ def _check_tensor(path: str, name: str, type_id: int, np_shape: tuple[int, ...],
 
 
 def _read_prefix(path: str) -> tuple[int, bytes]:
-    try:
-        size = os.path.getsize(path)
-        with open(path, "rb") as f:
+    with open_regular(path) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(24)
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise ModelFormatError(f"{path}: is a directory, not a GGUF file") from None
-    except OSError as e:
-        raise ModelFormatError(f"{path}: cannot read: {e.strerror or e}") from None
+        except OSError as e:
+            raise ModelFormatError(f"{path}: cannot read: {e.strerror or e}") from None
     return size, head
 
 
@@ -251,6 +247,11 @@ def _check_prefix(path: str, size: int, head: bytes) -> None:
     if size < 24:
         raise ModelFormatError(f"{path}: file is truncated: it ends inside the header ({_fmt_size(size)}, "
                                f"the GGUF header needs 24)")
+    # a tensor info takes at least 24 bytes (name length, dimension count, type, offset), a key 12
+    n_tensors, n_kv = struct.unpack_from("<QQ", head, 8)
+    if n_tensors * 24 + n_kv * 12 > size - 24:
+        raise ModelFormatError(f"{path}: the header claims {n_tensors:,} tensors and {n_kv:,} metadata keys, more "
+                               f"than a file of {_fmt_size(size)} can describe: corrupt or truncated file")
 
 
 def _diagnose(path: str, size: int, types) -> None:
@@ -440,10 +441,9 @@ class GGUFFile(ModelSource):
                 name=t.name, type=GGMLQuantizationType(int(t.tensor_type)).name, shape=np_shape,
                 n_bytes=n_bytes, data=raw[off:off + n_bytes], offset=off)
 
-        arch = self.metadata.get("general.architecture")
-        if not isinstance(arch, str) or not arch:
-            raise ModelFormatError(f"{self.path}: required metadata key 'general.architecture' is missing")
-        self.arch: str = arch
+        self.arch: str = self.get_str("general.architecture")
+        if not self.arch:
+            raise ModelFormatError(f"{self.path}: metadata key 'general.architecture' is empty")
 
     def _open_reader(self, types):
         try:

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
+import stat
 from typing import Any
 
 from ..errors import ModelFormatError
 from .safetensors import SafetensorsFile
-from .source import ModelSource
+from .source import ModelSource, open_regular
 
 __all__ = ["HFFolder", "read_json"]
 
@@ -23,11 +25,11 @@ _PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "mod
 
 
 def read_json(path: str, what: str) -> Any:
+    if not os.path.lexists(path):
+        raise ModelFormatError(f"{path}: missing ({what})")
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", encoding="utf-8") as f:
             return json.load(f)
-    except FileNotFoundError:
-        raise ModelFormatError(f"{path}: missing ({what})") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as e:
         raise ModelFormatError(f"{path}: cannot read {what}: {e}") from None
 
@@ -88,24 +90,53 @@ class HFFolder(ModelSource):
 
     def _open_files(self) -> list[SafetensorsFile]:
         idx = os.path.join(self.path, "model.safetensors.index.json")
-        if os.path.exists(idx):
-            index = read_json(idx, "the safetensors index")
+        indexed = os.path.lexists(idx)
+        if indexed:
+            index = read_json(self._weights_file("model.safetensors.index.json", "the index"), "the safetensors index")
             wm = index.get("weight_map") if isinstance(index, dict) else None
             if not isinstance(wm, dict) or not wm:
-                raise ModelFormatError(f"{idx}: no 'weight_map'")
-            if not all(isinstance(v, str) and v and os.path.basename(v) == v for v in wm.values()):
-                raise ModelFormatError(f"{idx}: 'weight_map' values should be file names in the folder")
+                got = ("is missing" if wm is None else "is empty" if isinstance(wm, dict)
+                       else f"is a {type(wm).__name__}")
+                raise ModelFormatError(f"{idx}: 'weight_map' (tensor name -> file name) {got}")
+            for v in wm.values():
+                if not isinstance(v, str) or v in ("", ".", "..") or os.path.basename(v) != v or "\0" in v:
+                    raise ModelFormatError(f"{idx}: 'weight_map' values should be file names in the folder, "
+                                           f"not {reprlib.repr(v)}")
             names = sorted(set(wm.values()))
-            for n in names:
-                if not os.path.exists(os.path.join(self.path, n)):
-                    raise ModelFormatError(f"{self.path}: {n} is listed in model.safetensors.index.json but missing")
         else:
             names = sorted(n for n in os.listdir(self.path) if n.endswith(".safetensors"))
             if not names:
                 other = [n for n in os.listdir(self.path) if n.endswith((".bin", ".pt", ".pth"))]
                 hint = f" (found {other[0]}: PyTorch pickles are not read; save with safe_serialization)" if other else ""
                 raise ModelFormatError(f"{self.path}: no *.safetensors weights{hint}")
-        return [SafetensorsFile(os.path.join(self.path, n)) for n in names]
+        named_by = "listed in model.safetensors.index.json" if indexed else "in the folder"
+        return [SafetensorsFile(self._weights_file(n, named_by)) for n in names]
+
+    def _weights_file(self, name: str, named_by: str) -> str:
+        """The path of file ``name`` of the folder, checked by stat before anything opens it (a FIFO would
+        block the reader for ever): a regular file, not a link out of the folder (whether the index or the
+        listing names it), except a hub cache snapshot's links to its blobs (snapshots/<rev>/f -> ../../blobs/)."""
+        path = os.path.join(self.path, name)
+        root = os.path.realpath(self.path)
+        roots = [root]
+        if os.path.basename(os.path.dirname(root)) == "snapshots":
+            roots.append(os.path.join(os.path.dirname(os.path.dirname(root)), "blobs"))
+        real = os.path.realpath(path)
+        try:
+            inside = any(os.path.commonpath([real, r]) == r for r in roots)
+        except ValueError:                   # another drive
+            inside = False
+        if not inside:
+            raise ModelFormatError(f"{self.path}: {reprlib.repr(name)} ({named_by}) links outside the folder")
+        try:
+            mode = os.stat(path).st_mode
+        except FileNotFoundError:
+            raise ModelFormatError(f"{self.path}: {reprlib.repr(name)} ({named_by}) is missing") from None
+        except OSError as e:
+            raise ModelFormatError(f"{self.path}: cannot read {reprlib.repr(name)}: {e.strerror}") from None
+        if not stat.S_ISREG(mode):
+            raise ModelFormatError(f"{self.path}: {reprlib.repr(name)} ({named_by}) is not a regular file")
+        return path
 
     def release(self, st) -> None:
         """Drop the pages of safetensors tensor ``st`` from RAM (it is on the GPU now)."""

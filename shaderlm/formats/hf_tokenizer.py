@@ -11,21 +11,57 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+import reprlib
 
 from ..errors import ModelFormatError
+from .source import open_regular
 from .tokenizer import (_EOG_TEXTS, TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_NORMAL, TOKEN_TYPE_UNUSED,
-                        TOKEN_TYPE_USER_DEFINED, Tokenizer)
+                        TOKEN_TYPE_USER_DEFINED, Tokenizer, _check_token_lengths, _library_errors, _one_line)
 
 __all__ = ["HFTokenizer"]
 
 
-def _load(path: str) -> Any:
+def _read(path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        with open_regular(path, "r", encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
         raise ModelFormatError(f"{path}: cannot read: {e}") from None
+
+
+def _load_object(path: str, text: str | None = None) -> dict:
+    """The JSON object in ``path`` (whose ``text`` may have been read already)."""
+    try:
+        v = json.loads(_read(path) if text is None else text)
+    except (ValueError, RecursionError) as e:    # RecursionError: nesting too deep for the parser
+        raise ModelFormatError(f"{path}: not valid JSON: {_one_line(e)}") from None
+    if not isinstance(v, dict):
+        raise ModelFormatError(f"{path}: should be a JSON object, not {type(v).__name__}")
+    return v
+
+
+def _flag(cfg: dict, key: str, path: str, default: bool) -> bool:
+    v = cfg.get(key)
+    if v is None:
+        return default
+    if not isinstance(v, bool):
+        raise ModelFormatError(f"{path}: {key!r} should be true or false, got {reprlib.repr(v)}")
+    return v
+
+
+def _chat_template(cfg: dict, path: str) -> str | None:
+    """tokenizer_config.json's chat_template: a string, or a list of named ones (the "default" one)."""
+    tmpl = cfg.get("chat_template")
+    if isinstance(tmpl, list):
+        if not all(isinstance(t, dict) and isinstance(t.get("name"), str) and isinstance(t.get("template"), str)
+                   for t in tmpl):
+            raise ModelFormatError(f"{path}: 'chat_template' should be a string or a list of objects with a "
+                                   f"string 'name' and 'template', got {reprlib.repr(tmpl)}")
+        named = {t["name"]: t["template"] for t in tmpl}
+        tmpl = named.get("default") or next(iter(named.values()), None)
+    if tmpl is not None and not isinstance(tmpl, str):
+        raise ModelFormatError(f"{path}: 'chat_template' should be a string, got {reprlib.repr(tmpl)}")
+    return tmpl or None
 
 
 def _token_text(v) -> str | None:
@@ -64,22 +100,33 @@ class HFTokenizer(Tokenizer):
         if not os.path.exists(path):
             raise ModelFormatError(f"{folder}: no tokenizer.json (shaderlm reads the fast-tokenizer file; a folder "
                                    f"with only tokenizer.model can be converted by saving it with transformers)")
-        spec = _load(path)
-        try:
-            hf = RawTokenizer.from_file(path)
-        except Exception as e:  # noqa: BLE001 - the library's own parse errors
-            raise ModelFormatError(f"{path}: not a valid tokenizer.json: {e}") from None
+        raw = _read(path)
+        spec = _load_object(path, raw)
+        with _library_errors(f"{path}: not a valid tokenizer.json"):
+            hf = RawTokenizer.from_str(raw)
+            vocab = hf.get_vocab(with_added_tokens=True)
         tc_path = os.path.join(folder, "tokenizer_config.json")
-        tcfg = _load(tc_path) if os.path.exists(tc_path) else {}
+        tcfg = _load_object(tc_path) if os.path.exists(tc_path) else {}
         gen_path = os.path.join(folder, "generation_config.json")
-        gcfg = _load(gen_path) if os.path.exists(gen_path) else {}
+        gcfg = _load_object(gen_path) if os.path.exists(gen_path) else {}
         mcfg = model_config or {}
 
         self = cls()
         self.arch = arch
         self._hf = hf
-        vocab = hf.get_vocab(with_added_tokens=True)
-        n = max(max(vocab.values(), default=-1) + 1, int(n_vocab or 0))
+        # ids index lists below: bounded by the model's embeddings (or, without them, the vocabulary's size)
+        limit = int(n_vocab) if n_vocab else len(vocab)
+        rows = f"the model's {limit} token embeddings" if n_vocab else f"the {limit} entries of the vocabulary"
+        for a in spec.get("added_tokens") or []:      # the library renumbers those past its vocabulary
+            if isinstance(a, dict) and isinstance(a.get("id"), int) and a["id"] >= limit:
+                raise ModelFormatError(f"{path}: added token {reprlib.repr(a.get('content'))} has id {a['id']}, "
+                                       f"past {rows}")
+        top = max(vocab.values(), default=-1)
+        if top >= limit:
+            name = next(t for t, i in vocab.items() if i == top)
+            raise ModelFormatError(f"{path}: token {reprlib.repr(name)} has id {top}, past {rows}")
+        _check_token_lengths(list(vocab), path)
+        n = max(top + 1, int(n_vocab or 0))
         tokens = [""] * n
         for t, i in vocab.items():
             tokens[i] = t
@@ -118,13 +165,14 @@ class HFTokenizer(Tokenizer):
         self.unk_id = vocab.get(unk) if unk else None
 
         # what the post-processor adds around a text (transformers' add_special_tokens=True)
-        plain = hf.encode("a", add_special_tokens=False).ids
-        full = hf.encode("a", add_special_tokens=True).ids
+        with _library_errors(f"{path}: the tokenizer fails on 'a'"):
+            plain = hf.encode("a", add_special_tokens=False).ids
+            full = hf.encode("a", add_special_tokens=True).ids
         k = full.index(plain[0]) if plain and plain[0] in full else 0
         auto_bos = k > 0 and self.bos_id is not None and full[0] == self.bos_id
         auto_eos = len(full) > k + len(plain) and self.eos_id is not None and full[-1] == self.eos_id
-        self.add_bos = bool(tcfg.get("add_bos_token", auto_bos)) and self.bos_id is not None
-        self.add_eos = bool(tcfg.get("add_eos_token", auto_eos)) and self.eos_id is not None
+        self.add_bos = _flag(tcfg, "add_bos_token", tc_path, auto_bos) and self.bos_id is not None
+        self.add_eos = _flag(tcfg, "add_eos_token", tc_path, auto_eos) and self.eos_id is not None
 
         eos = set()
         for i in [self.eos_id] + _ids(mcfg.get("eos_token_id")) + _ids(gcfg.get("eos_token_id")):
@@ -136,15 +184,12 @@ class HFTokenizer(Tokenizer):
                 eos.add(i)
         self.eos_ids = eos
 
-        tmpl = tcfg.get("chat_template")
-        if isinstance(tmpl, list):      # named templates: the default one
-            named = {t.get("name"): t.get("template") for t in tmpl if isinstance(t, dict)}
-            tmpl = named.get("default") or next(iter(named.values()), None)
+        self.chat_template = _chat_template(tcfg, tc_path)
+        self.chat_template_source = f"{tc_path} 'chat_template'"
         jinja = os.path.join(folder, "chat_template.jinja")
-        if not tmpl and os.path.exists(jinja):
-            with open(jinja, encoding="utf-8") as f:
-                tmpl = f.read()
-        self.chat_template = str(tmpl) if tmpl else None
+        if self.chat_template is None and os.path.exists(jinja):
+            self.chat_template = _read(jinja) or None
+            self.chat_template_source = jinja
         return self
 
     def __repr__(self) -> str:

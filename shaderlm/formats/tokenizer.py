@@ -25,10 +25,15 @@ a GGUF file without touching the tensors.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import json
 import mmap
 import os
+import reprlib
 import struct
+import sys
+import threading
+import time
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime
@@ -36,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelFormatError, UnsupportedError
+from ..errors import ModelFormatError, ShaderLMError, UnsupportedError
 
 __all__ = [
     "TOKEN_TYPE_BYTE",
@@ -61,6 +66,14 @@ TOKEN_TYPE_UNUSED = 5
 TOKEN_TYPE_BYTE = 6
 
 SPACE_MARK = "\u2581"  # SentencePiece's visible space
+
+# What a model file may ask of us; past these it is refused with a ModelFormatError naming the limit.
+MAX_TOKEN_CHARS = 1 << 16           # one vocabulary entry: real ones are at most a few hundred characters
+MAX_SPM_MERGE_CHARS = 1 << 26       # the text of the merges derived from a SentencePiece vocabulary (Gemma 3's
+                                    # 262k tokens give a few million characters)
+MAX_CHAT_OUTPUT = 8 << 20           # characters one chat template render may produce, and the size of any
+                                    # value it builds by '*', '**', '+' or '~': more text than any context holds
+MAX_CHAT_SECONDS = 2.0              # real templates render in about a millisecond
 
 # --------------------------------------------------------------------------------------------------
 # GGUF header reader (metadata only)
@@ -180,20 +193,51 @@ def _parse_gguf_kv(buf, path: str, prefixes: tuple[str, ...] | None) -> dict[str
 # metadata helpers
 
 
-def _as_list(v: Any) -> list:
-    if isinstance(v, np.ndarray):
-        return v.tolist()
-    return list(v)
+def _wrong_type(key: str, want: str, v: Any) -> ModelFormatError:
+    return ModelFormatError(f"tokenizer metadata key {key!r} should be {want}, got {reprlib.repr(v)}")
 
 
 def _as_int(meta: Mapping[str, Any], key: str) -> int | None:
     v = meta.get(key)
     if v is None:
         return None
-    try:
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
         return int(v)
-    except (TypeError, ValueError) as e:
-        raise ModelFormatError(f"tokenizer metadata key {key!r} should be an integer, got {v!r}") from e
+    raise _wrong_type(key, "an integer", v)
+
+
+def _as_str(meta: Mapping[str, Any], key: str) -> str | None:
+    v = meta.get(key)
+    if v is None or isinstance(v, str):
+        return v
+    raise _wrong_type(key, "a string", v)
+
+
+def _as_strings(meta: Mapping[str, Any], key: str) -> list[str] | None:
+    v = meta.get(key)
+    if v is None:
+        return None
+    if isinstance(v, np.ndarray) and v.dtype.kind in "USO":
+        v = v.tolist()
+    if isinstance(v, (list, tuple)) and all(isinstance(x, (str, bytes, bytearray)) for x in v):
+        return [x if isinstance(x, str) else bytes(x).decode("utf-8", errors="replace") for x in v]
+    raise _wrong_type(key, "an array of strings", v)
+
+
+def _as_numbers(meta: Mapping[str, Any], key: str, n: int, kinds: str, what: str) -> np.ndarray | None:
+    """Array ``key`` as numpy: one number per token, of a numpy kind in ``kinds``."""
+    v = meta.get(key)
+    if v is None:
+        return None
+    try:
+        a = np.asarray(v) if isinstance(v, (np.ndarray, list, tuple)) else None
+    except ValueError:                  # ragged nested lists
+        a = None
+    if a is None or a.ndim != 1 or (len(a) and a.dtype.kind not in kinds):
+        raise _wrong_type(key, f"an array of {what}", v)
+    if len(a) != n:
+        raise ModelFormatError(f"tokenizer metadata key {key!r} has {len(a)} entries for {n} tokens")
+    return a
 
 
 def _as_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
@@ -206,7 +250,133 @@ def _as_bool(meta: Mapping[str, Any], key: str, default: bool) -> bool:
         return bool(int(v))
     if isinstance(v, str) and v.lower() in ("true", "false", "1", "0"):
         return v.lower() in ("true", "1")
-    raise ModelFormatError(f"tokenizer metadata key {key!r} should be a boolean, got {v!r}")
+    raise _wrong_type(key, "a boolean", v)
+
+
+def _check_token_lengths(texts: Sequence[str], where: str) -> None:
+    longest = max(texts, key=len, default="")
+    if len(longest) > MAX_TOKEN_CHARS:
+        raise ModelFormatError(f"{where}: the token {reprlib.repr(longest)} is {len(longest)} characters long "
+                               f"(at most {MAX_TOKEN_CHARS})")
+
+
+_SHORT_PIECE = 64     # pieces up to this long are looked up by slicing; longer ones (rare) through _longest_prefix
+
+
+def _spm_merges(tokens: Sequence[str], order: Iterable[int], tok2id: Mapping[str, int]) -> list[tuple[str, str]]:
+    """Every way of cutting a token into two tokens, as (left, right): tokens in ``order`` (those whose
+    text maps to their id), cuts left to right.  Linear in the vocabulary's characters: a piece is
+    sliced out of a token only when it is short, and longer ones come from chains of tokens that begin
+    (end) one another, so that one very long token costs no more than its length."""
+    long = [t for t in tok2id if len(t) > _SHORT_PIECE]
+    long_slot = {t: j for j, t in enumerate(long)}
+    heads = _longest_prefix(long)
+    tails = _longest_prefix([t[::-1] for t in long])
+    get = tok2id.get
+    merges: list[tuple[str, str]] = []
+    append = merges.append
+    size = 0
+    for i in order:
+        t = tokens[i]
+        n = len(t)
+        if n < 2 or get(t) != i:
+            continue
+        if n <= _SHORT_PIECE:
+            for k in range(1, n):
+                a = t[:k]
+                if a in tok2id:
+                    b = t[k:]
+                    if b in tok2id:
+                        append((a, b))
+                        size += n
+        else:
+            j = long_slot[t]
+            cuts = [(k, t[:k]) for k in range(1, _SHORT_PIECE + 1) if t[:k] in tok2id]
+            longer, p = [], heads[j]
+            while p >= 0:
+                longer.append((len(long[p]), long[p]))
+                p = heads[p]
+            cuts += reversed(longer)
+            long_tails, q = {}, tails[j]
+            while q >= 0:
+                long_tails[len(long[q])] = long[q]
+                q = tails[q]
+            for k, a in cuts:
+                b = t[k:] if n - k <= _SHORT_PIECE else long_tails.get(n - k)
+                if b is not None and b in tok2id:
+                    append((a, b))
+                    size += n
+        if size > MAX_SPM_MERGE_CHARS:
+            raise ModelFormatError(f"tokenizer.ggml.tokens: the SentencePiece merges of this vocabulary (every way "
+                                   f"to cut a token into two tokens) exceed {MAX_SPM_MERGE_CHARS} characters")
+    return merges
+
+
+def _longest_prefix(texts: Sequence[str]) -> list[int]:
+    """For each of the distinct ``texts``, the index of the longest other text that begins it (-1: none).
+
+    In sorted order, the texts that begin a text come before it, each beginning the next: a stack walk
+    finds them in time linear in the texts' length (after the sort)."""
+    found = [-1] * len(texts)
+    stack: list[int] = []
+    for i in sorted(range(len(texts)), key=texts.__getitem__):
+        t = texts[i]
+        while stack and not t.startswith(texts[stack[-1]]):
+            stack.pop()
+        if stack:
+            found[i] = stack[-1]
+        stack.append(i)
+    return found
+
+
+def _is_panic(e: BaseException) -> bool:
+    """A Rust panic in the tokenizers library: pyo3's PanicException, a BaseException not importable by name."""
+    return type(e).__name__ == "PanicException"
+
+
+def _one_line(e: BaseException, limit: int = 300) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
+@contextlib.contextmanager
+def _library_errors(where: str):
+    """The tokenizers library's failures on a file's data (its errors, its panics) as one ModelFormatError.
+    Used while a model loads: a panic's report, which Rust writes to stderr itself, is held back."""
+    with _stderr_held() as panicked:
+        try:
+            yield
+        except ShaderLMError:
+            raise
+        except BaseException as e:
+            if not (isinstance(e, Exception) or _is_panic(e)):
+                raise
+            panicked.append(_is_panic(e))
+            what = "the tokenizers library panicked" if _is_panic(e) else "the tokenizers library refused it"
+            raise ModelFormatError(f"{where}: {what}: {_one_line(e)}") from None
+
+
+@contextlib.contextmanager
+def _stderr_held():
+    """File descriptor 2 into a temporary file while native code runs; what was written there is passed
+    on afterwards unless the caller appended True to the yielded list (a panic, reported otherwise)."""
+    import tempfile
+    panicked: list = []
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield panicked
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            if not any(panicked):
+                held.seek(0)
+                text = held.read()
+                if text:
+                    os.write(2, text)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -286,6 +456,134 @@ _CHATML_TEMPLATE = (
 )
 
 
+# --------------------------------------------------------------------------------------------------
+# chat templates
+
+class _TemplateLimit(Exception):
+    """A chat template went past MAX_CHAT_OUTPUT or MAX_CHAT_SECONDS."""
+
+
+class _RenderState(threading.local):
+    deadline = float("inf")       # of the render running in this thread
+
+
+_RENDER = _RenderState()
+
+
+def _check_time() -> None:
+    if time.monotonic() > _RENDER.deadline:
+        raise _TemplateLimit(f"it ran for more than {MAX_CHAT_SECONDS:g} s")
+
+
+def _timed_loop(iterable):
+    """What every ``{% for %}`` of a chat template iterates: ``iterable``, with the clock read at each step."""
+    for item in iterable:
+        _check_time()
+        yield item
+
+
+def _sized(text: str) -> str:
+    """What every '~' of a chat template makes, refused past MAX_CHAT_OUTPUT characters (so that no loop
+    doubles a string up to the time limit)."""
+    if len(text) > MAX_CHAT_OUTPUT:
+        raise _TemplateLimit(f"'~' made a string of {len(text)} characters (at most {MAX_CHAT_OUTPUT})")
+    return text
+
+
+def _binop_size(op: str, a: Any, b: Any) -> int:
+    """About how large ``a op b`` would be: items of a string or list, bytes of an integer (0: small, or
+    for the operator itself to refuse)."""
+    seq = (str, list, tuple)
+    if op == "+":
+        return len(a) + len(b) if isinstance(a, seq) and isinstance(b, seq) else 0
+    if isinstance(a, int) and isinstance(b, int):
+        if op == "**":
+            return (abs(a).bit_length() - 1) * b // 8
+        return (a.bit_length() + b.bit_length()) // 8
+    if isinstance(a, seq) and isinstance(b, int):
+        return len(a) * b
+    if isinstance(b, seq) and isinstance(a, int):
+        return len(b) * a
+    return 0
+
+
+def _chat_environment():
+    """The sandboxed jinja2 environment chat templates run in, with transformers' helpers.
+
+    Limits: '*', '**', '+' and '~' refuse to build a value larger than MAX_CHAT_OUTPUT; the clock is read
+    at each step of every loop and at each call (macros, methods, recursive loops), which is where a
+    template can spend unbounded time; the output is counted as it is generated (Tokenizer._render).
+    No thread or signal: a thread cannot be stopped from outside, a signal only reaches the main one,
+    and a trace function would slow every render several times."""
+    import jinja2
+    from jinja2 import nodes
+    from jinja2.compiler import CodeGenerator
+    from jinja2.ext import loopcontrols
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+    from jinja2.visitor import NodeTransformer
+
+    def through(node, name):
+        return nodes.Filter(node, name, [], [], None, None, lineno=node.lineno)
+
+    class Limits(NodeTransformer):
+        def visit_For(self, node):
+            node = self.generic_visit(node)
+            node.iter = through(node.iter, "_timed_loop")
+            return node
+
+        def visit_Concat(self, node):
+            return through(self.generic_visit(node), "_sized")
+
+    class ChatCodeGenerator(CodeGenerator):
+        def visit_Template(self, node, frame=None):
+            Limits().visit(node)     # before the base class collects the filters used
+            super().visit_Template(node, frame)
+
+    class ChatEnvironment(ImmutableSandboxedEnvironment):
+        code_generator_class = ChatCodeGenerator
+        intercepted_binops = frozenset(("*", "**", "+"))
+
+        def call(__self, __context, __obj, *args, **kwargs):  # the base's names: no keyword of a template's
+            _check_time()
+            return super().call(__context, __obj, *args, **kwargs)
+
+        def call_binop(self, context, operator, left, right):
+            size = _binop_size(operator, left, right)
+            if size > MAX_CHAT_OUTPUT:
+                raise _TemplateLimit(f"'{operator}' would make a value of about {size} items or bytes "
+                                     f"(at most {MAX_CHAT_OUTPUT})")
+            return self.binop_table[operator](left, right)
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+    def strftime_now(fmt):
+        return datetime.now().strftime(fmt)
+
+    env = ChatEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols], keep_trailing_newline=False)
+    env.filters["tojson"] = tojson
+    env.filters["_timed_loop"] = _timed_loop
+    env.filters["_sized"] = _sized
+    env.globals["raise_exception"] = raise_exception
+    env.globals["strftime_now"] = strftime_now
+    return env
+
+
+def _template_problem(e: BaseException) -> str:
+    """One line saying what went wrong in a chat template."""
+    import jinja2
+
+    if isinstance(e, jinja2.TemplateSyntaxError):
+        return f"syntax error on line {e.lineno}: {_one_line(e.message or '')}"
+    if type(e) in (jinja2.TemplateError, _TemplateLimit):    # raise_exception's message, or a limit
+        return _one_line(e)
+    text = _one_line(e)
+    return type(e).__name__ if text == type(e).__name__ else f"{type(e).__name__}: {text}"
+
+
 class Tokenizer:
     """A GGUF tokenizer: text <-> token ids, special tokens, chat template.
 
@@ -311,10 +609,12 @@ class Tokenizer:
         self.add_space_prefix: bool = False
         self.eos_ids: set[int] = set()
         self.chat_template: str | None = None
+        self.chat_template_source = "tokenizer.chat_template"  # where chat_template comes from, for errors
         self._hf = None
         self._token_to_id: dict[str, int] = {}
         self._pieces: list[bytes | None] = []
         self._chat_env = None
+        self._chat_templates: dict[str, Any] = {}     # source -> compiled template
 
     # ---- construction --------------------------------------------------------------------------
     @classmethod
@@ -331,59 +631,48 @@ class Tokenizer:
         """Build from GGUF metadata (``tokenizer.ggml.*`` keys, ``tokenizer.chat_template``,
         ``general.architecture``)."""
         self = cls()
-        model = meta.get("tokenizer.ggml.model")
+        model = _as_str(meta, "tokenizer.ggml.model")
         if model is None:
             raise ModelFormatError("missing tokenizer metadata key 'tokenizer.ggml.model'")
-        if not isinstance(model, str):
-            raise ModelFormatError(f"tokenizer metadata key 'tokenizer.ggml.model' should be a string, got {model!r}")
         if model not in ("gpt2", "llama"):
             raise UnsupportedError(f"tokenizer.ggml.model = {model!r} is not supported "
                                    f"(supported: 'gpt2' byte-level BPE, 'llama' SentencePiece)")
         self.kind = model
-        self.arch = meta.get("general.architecture")
-        tokens = meta.get("tokenizer.ggml.tokens")
+        self.arch = _as_str(meta, "general.architecture")
+        tokens = _as_strings(meta, "tokenizer.ggml.tokens")
         if tokens is None:
             raise ModelFormatError("missing tokenizer metadata key 'tokenizer.ggml.tokens'")
-        tokens = [t.decode("utf-8", errors="replace") if isinstance(t, (bytes, bytearray)) else str(t)
-                  for t in _as_list(tokens)]
         if not tokens:
             raise ModelFormatError("tokenizer metadata key 'tokenizer.ggml.tokens' is empty")
+        _check_token_lengths(tokens, "tokenizer.ggml.tokens")
         n = len(tokens)
         # llama.cpp renames empty tokens so that every text maps to one id
         tokens = [t if t else f"[EMPTY_{i}]" for i, t in enumerate(tokens)]
         self.tokens = tokens
         self.vocab_size = n
 
-        types = meta.get("tokenizer.ggml.token_type")
-        if types is None:
-            self.token_types = [TOKEN_TYPE_NORMAL] * n
-        else:
-            types = [int(t) for t in _as_list(types)]
-            if len(types) < n:
-                raise ModelFormatError(f"tokenizer metadata key 'tokenizer.ggml.token_type' has {len(types)} "
-                                       f"entries for {n} tokens")
-            self.token_types = types[:n]
-
-        scores = meta.get("tokenizer.ggml.scores")
+        types = _as_numbers(meta, "tokenizer.ggml.token_type", n, "iu", "integers")
+        self.token_types = [TOKEN_TYPE_NORMAL] * n if types is None else types.tolist()
+        scores = _as_numbers(meta, "tokenizer.ggml.scores", n, "iuf", "numbers")
         if scores is not None:
-            scores = np.asarray(scores, dtype=np.float32)
-            if scores.shape[0] < n:
-                raise ModelFormatError(f"tokenizer metadata key 'tokenizer.ggml.scores' has {scores.shape[0]} "
-                                       f"entries for {n} tokens")
-            self.scores = scores[:n]
+            self.scores = scores.astype(np.float32)
 
-        def tok_id(key: str, default: int | None) -> int | None:
-            v = _as_int(meta, key)
+        def tok_id(key: str, default: int | None, required: bool = False) -> int | None:
+            v = given = _as_int(meta, key)
             if v is None:
                 v = default
             if v is not None and not (0 <= v < n):
+                if required and given is not None:
+                    raise ModelFormatError(f"tokenizer metadata key {key!r} = {v} is outside the vocabulary "
+                                           f"of {n} tokens")
                 warnings.warn(f"{key} = {v} is outside the vocabulary of {n} tokens; ignoring it", stacklevel=3)
                 return None
             return v
 
         spm = model == "llama"
-        self.bos_id = tok_id("tokenizer.ggml.bos_token_id", 1 if spm else None)
-        self.eos_id = tok_id("tokenizer.ggml.eos_token_id", 2 if spm else None)
+        # a BOS or EOS that the file names must exist; the others are ignored with a warning, as llama.cpp does
+        self.bos_id = tok_id("tokenizer.ggml.bos_token_id", 1 if spm else None, required=True)
+        self.eos_id = tok_id("tokenizer.ggml.eos_token_id", 2 if spm else None, required=True)
         self.unk_id = tok_id("tokenizer.ggml.unknown_token_id", 0 if spm else None)
         self.eot_id = tok_id("tokenizer.ggml.eot_token_id", None)
         eom_id = tok_id("tokenizer.ggml.eom_token_id", None)
@@ -409,25 +698,25 @@ class Tokenizer:
             default_bos = True
             self._hf = self._build_spm(tokens, self.token_types, self.scores, tok2id)
         else:
-            pre = meta.get("tokenizer.ggml.pre")
-            if pre is None or pre == "":
+            pre = _as_str(meta, "tokenizer.ggml.pre")
+            if not pre:
                 warnings.warn("GGUF has no 'tokenizer.ggml.pre': using llama.cpp's 'default' pre-tokenizer",
                               stacklevel=2)
                 pre = "default"
-            spec = _PRE_TOKENIZERS.get(str(pre))
+            spec = _PRE_TOKENIZERS.get(pre)
             if spec is None:
                 warnings.warn(f"tokenizer.ggml.pre = {pre!r} is not known to shaderlm: splitting text with "
                               f"GPT-2's regex, which may give different tokens than the model was trained on",
                               stacklevel=2)
                 spec = _PRE_TOKENIZERS["gpt2"]
-            self.pre = str(pre)
+            self.pre = pre
             self.add_space_prefix = False
             regexes, ignore_merges, default_bos = spec
-            merges = meta.get("tokenizer.ggml.merges")
+            merges = _as_strings(meta, "tokenizer.ggml.merges")
             if merges is None:
                 raise ModelFormatError("missing tokenizer metadata key 'tokenizer.ggml.merges' "
                                        "(required for tokenizer.ggml.model = 'gpt2')")
-            self._hf = self._build_bpe(tokens, tok2id, [str(m) for m in _as_list(merges)], regexes, ignore_merges)
+            self._hf = self._build_bpe(tokens, tok2id, merges, regexes, ignore_merges)
 
         self.add_bos = _as_bool(meta, "tokenizer.ggml.add_bos_token", default_bos)
         self.add_eos = _as_bool(meta, "tokenizer.ggml.add_eos_token", False)
@@ -450,8 +739,7 @@ class Tokenizer:
                 eos.add(i)
         self.eos_ids = eos
 
-        tmpl = meta.get("tokenizer.chat_template")
-        self.chat_template = str(tmpl) if tmpl else None
+        self.chat_template = _as_str(meta, "tokenizer.chat_template") or None
         self._pieces = [None] * n
         return self
 
@@ -463,11 +751,12 @@ class Tokenizer:
         for m in merges:
             a, sep, b = m.partition(" ")
             if not sep:
-                raise ModelFormatError(f"tokenizer.ggml.merges entry {m!r} is not two tokens separated by a space")
+                raise ModelFormatError(f"tokenizer.ggml.merges entry {reprlib.repr(m)} is not two tokens "
+                                       f"separated by a space")
             if a in tok2id and b in tok2id and (a + b) in tok2id:
                 pairs.append((a, b))
-        bpe = models.BPE(vocab=tok2id, merges=pairs, ignore_merges=ignore_merges, byte_fallback=False)
-        hf = HFTokenizer(bpe)
+        with _library_errors("tokenizer.ggml.tokens"):
+            hf = HFTokenizer(models.BPE(vocab=tok2id, merges=pairs, ignore_merges=ignore_merges, byte_fallback=False))
         hf.pre_tokenizer = pre_tokenizers.Sequence(
             [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in regexes]
             + [pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
@@ -484,24 +773,13 @@ class Tokenizer:
         # that token first.  Every way of cutting a token into two tokens is therefore a merge, ranked by
         # the score of the token it makes (ties: lower id first).
         order = np.lexsort((np.arange(n), -sc.astype(np.float64)))
-        get = tok2id.get
-        merges = []
-        append = merges.append
-        for i in order.tolist():
-            t = tokens[i]
-            if len(t) < 2 or get(t) != i:
-                continue
-            for k in range(1, len(t)):
-                a = t[:k]
-                if a in tok2id:
-                    b = t[k:]
-                    if b in tok2id:
-                        append((a, b))
+        merges = _spm_merges(tokens, order.tolist(), tok2id)
         unk = None
         if self.unk_id is not None:
             unk = tokens[self.unk_id]
-        bpe = models.BPE(vocab=tok2id, merges=merges, unk_token=unk, byte_fallback=True, fuse_unk=False)
-        hf = HFTokenizer(bpe)
+        with _library_errors("tokenizer.ggml.tokens"):
+            hf = HFTokenizer(models.BPE(vocab=tok2id, merges=merges, unk_token=unk, byte_fallback=True,
+                                        fuse_unk=False))
         norm = [normalizers.Replace(" ", SPACE_MARK)]
         if self.add_space_prefix:
             norm.insert(0, normalizers.Prepend(" "))
@@ -524,10 +802,11 @@ class Tokenizer:
                 special.append(AddedToken(t, special=True, normalized=False))
             elif ty == TOKEN_TYPE_USER_DEFINED:
                 user.append(AddedToken(t, special=False, normalized=False))
-        if special:
-            self._hf.add_special_tokens(special)
-        if user:
-            self._hf.add_tokens(user)
+        with _library_errors("tokenizer.ggml.tokens"):
+            if special:
+                self._hf.add_special_tokens(special)
+            if user:
+                self._hf.add_tokens(user)
 
     # ---- vocabulary ----------------------------------------------------------------------------
     def token_to_id(self, text: str) -> int | None:
@@ -597,7 +876,13 @@ class Tokenizer:
         hf = self._hf
         if hf.encode_special_tokens == parse_special:
             hf.encode_special_tokens = not parse_special
-        ids = hf.encode(text, add_special_tokens=False).ids if text else []
+        try:
+            ids = hf.encode(text, add_special_tokens=False).ids if text else []
+        except BaseException as e:
+            if not _is_panic(e):
+                raise
+            raise ModelFormatError(f"the tokenizer failed while encoding (the tokenizers library panicked: "
+                                   f"{_one_line(e)})") from None
         if self.add_bos if add_bos is None else add_bos:
             if self.bos_id is None:
                 raise ModelFormatError("cannot add BOS: 'tokenizer.ggml.bos_token_id' is missing")
@@ -647,26 +932,7 @@ class Tokenizer:
 
     def _environment(self):
         if self._chat_env is None:
-            import jinja2
-            from jinja2.ext import loopcontrols
-            from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-            def raise_exception(message):
-                raise jinja2.exceptions.TemplateError(message)
-
-            def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-                return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
-                                  sort_keys=sort_keys)
-
-            def strftime_now(fmt):
-                return datetime.now().strftime(fmt)
-
-            env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols],
-                                                keep_trailing_newline=False)
-            env.filters["tojson"] = tojson
-            env.globals["raise_exception"] = raise_exception
-            env.globals["strftime_now"] = strftime_now
-            self._chat_env = env
+            self._chat_env = _chat_environment()
         return self._chat_env
 
     def apply_chat_template(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
@@ -674,17 +940,55 @@ class Tokenizer:
         """Render ``messages`` (dicts with "role" and "content") with the chat template (jinja2, sandboxed,
         as Hugging Face transformers renders it).  ``template`` overrides the GGUF's; without either a
         built-in one is used (default_chat_template).  Extra keyword
-        arguments (tools, ...) are passed to the template."""
-        import jinja2
+        arguments (tools, ...) are passed to the template.
 
-        src = template or self.chat_template or self.default_chat_template()
-        env = self._environment()
+        Whatever goes wrong in the template (its errors, its exceptions, going past MAX_CHAT_OUTPUT
+        characters or MAX_CHAT_SECONDS) is one ModelFormatError naming the template."""
+        if template:
+            src, where = template, "the template passed in"
+        elif self.chat_template:
+            src, where = self.chat_template, self.chat_template_source
+        else:
+            src, where = self.default_chat_template(), "the built-in chat template"
+        variables = dict(messages=list(messages), add_generation_prompt=add_generation_prompt,
+                         bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
         try:
-            tmpl = env.from_string(src)
-            return tmpl.render(messages=list(messages), add_generation_prompt=add_generation_prompt,
-                               bos_token=self.bos_token or "", eos_token=self.eos_token or "", **kwargs)
-        except jinja2.TemplateError as e:
-            raise ModelFormatError(f"chat template (tokenizer.chat_template) failed: {e}") from e
+            return self._render(src, variables)
+        except Exception as e:
+            raise ModelFormatError(f"chat template ({where}) failed: {_template_problem(e)}") from e
+
+    def check_chat_template(self) -> None:
+        """Compile the model's chat template now, so that a broken one is reported when the model loads."""
+        if self.chat_template:
+            try:
+                self._compiled(self.chat_template)
+            except Exception as e:
+                raise ModelFormatError(f"chat template ({self.chat_template_source}) failed: "
+                                       f"{_template_problem(e)}") from e
+
+    def _compiled(self, src: str):
+        compiled = self._chat_templates.get(src)
+        if compiled is None:
+            if len(self._chat_templates) >= 8:
+                self._chat_templates.clear()
+            compiled = self._chat_templates[src] = self._environment().from_string(src)
+        return compiled
+
+    def _render(self, src: str, variables: dict[str, Any]) -> str:
+        """``src`` compiled (cached) and rendered, stopped past MAX_CHAT_OUTPUT characters or MAX_CHAT_SECONDS."""
+        compiled = self._compiled(src)
+        out, size = [], 0
+        outer = _RENDER.deadline
+        _RENDER.deadline = time.monotonic() + MAX_CHAT_SECONDS
+        try:
+            for chunk in compiled.generate(variables):
+                size += len(chunk)
+                if size > MAX_CHAT_OUTPUT:
+                    raise _TemplateLimit(f"its output is longer than {MAX_CHAT_OUTPUT} characters")
+                out.append(chunk)
+        finally:
+            _RENDER.deadline = outer
+        return "".join(out)
 
     def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                     template: str | None = None, **kwargs: Any) -> list[int]:

@@ -5,6 +5,7 @@ API (for example a Dawn build). Everything else in shaderlm imports `wgpu` from 
 """
 import importlib
 
+from ..errors import DeviceError
 from ..options import webgpu_module
 
 wgpu = importlib.import_module(webgpu_module())
@@ -88,7 +89,8 @@ class IndexedSubmission:
                 break
             libf.wgpuDevicePoll(self._dev, True, self._index)
         if status != [lib.WGPUMapAsyncStatus_Success]:
-            raise RuntimeError(f"could not map the readback buffer (status {status})")
+            raise DeviceError(f"the GPU did not finish submission {index} (map status {status}): the device "
+                              f"may be lost or out of memory")
         data = bytes(ffi.buffer(libf.wgpuBufferGetConstMappedRange(buffer._internal, 0, size), size))
         libf.wgpuBufferUnmap(buffer._internal)
         return data

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import struct
 import tempfile
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -128,17 +129,35 @@ class Device:
 
     # ---- buffers -------------------------------------------------------------------------------
     def buffer(self, size: int, usage=STORAGE, label: str = ""):
-        return self.device.create_buffer(size=max(16, -(-int(size) // 16) * 16), usage=usage, label=label)
+        return self._create_buffer(size, usage, label)
 
     def upload(self, data, usage=STORAGE, label: str = ""):
         """A new buffer holding `data` (any buffer-protocol object), padded to a multiple of 16 bytes."""
         mv = memoryview(data).cast("B")
-        buf = self.device.create_buffer(size=max(16, -(-mv.nbytes // 16) * 16), usage=usage, label=label,
-                                        mapped_at_creation=True)
+        buf = self._create_buffer(mv.nbytes, usage, label, mapped=True)
         if mv.nbytes:
             buf.write_mapped(mv, 0)
         buf.unmap()
         return buf
+
+    def _create_buffer(self, size: int, usage, label: str, mapped: bool = False):
+        size = max(16, -(-int(size) // 16) * 16)
+        largest = self.limit("max-buffer-size", 1 << 28)
+        if size > largest:
+            raise DeviceError(f"{label or 'a buffer'} needs {size:,} bytes, over the largest buffer {self.name} "
+                              f"allows ({largest:,} bytes)")
+        with self.faults(f"allocating {label or 'a buffer'} ({size:,} bytes)"):
+            return self.device.create_buffer(size=size, usage=usage, label=label, mapped_at_creation=mapped)
+
+    @contextmanager
+    def faults(self, doing: str):
+        """GPU errors (out of memory, a lost device, a rejected call) as one DeviceError naming what
+        was being done and the adapter."""
+        try:
+            yield
+        except wgpu.GPUError as e:
+            detail = " ".join(str(e).split())[:400]
+            raise DeviceError(f"{doing} failed on {self.name}: {type(e).__name__}: {detail}") from e
 
     def scratch(self, name: str, size: int):
         """A buffer shared by every dispatch asking for `name`: scratch space for kernels that run one at a
@@ -155,7 +174,8 @@ class Device:
         self.queue.write_buffer(buf, offset, memoryview(data).cast("B"))
 
     def read(self, buf, dtype=np.float32, offset: int = 0, size: int | None = None) -> np.ndarray:
-        raw = self.queue.read_buffer(buf, offset, size)
+        with self.faults("reading a buffer back"):
+            raw = self.queue.read_buffer(buf, offset, size)
         return np.frombuffer(raw, dtype=dtype).copy()
 
     def uniform(self, *values, label: str = ""):
@@ -187,20 +207,22 @@ class Device:
     # ---- submission ----------------------------------------------------------------------------
     def submit(self, command_buffers):
         """Submit; returns the submission's index for read_after() where the backend has one."""
-        if self.indexed:
-            return self.indexed.submit(command_buffers)
-        self.queue.submit(command_buffers)
-        return None
+        with self.faults("submitting GPU work"):
+            if self.indexed:
+                return self.indexed.submit(command_buffers)
+            self.queue.submit(command_buffers)
+            return None
 
     def read_after(self, staging, index, size: int) -> bytes:
         """`size` bytes of the MAP_READ buffer `staging` once submission `index` has written it,
         without waiting for later submissions where the backend allows (see backend.py)."""
-        if self.indexed and index is not None:
-            return self.indexed.read(staging, index, size)
-        staging.map_sync(MapMode.READ, 0, size)
-        data = bytes(staging.read_mapped(0, size))
-        staging.unmap()
-        return data
+        with self.faults("reading results back"):
+            if self.indexed and index is not None:
+                return self.indexed.read(staging, index, size)
+            staging.map_sync(MapMode.READ, 0, size)
+            data = bytes(staging.read_mapped(0, size))
+            staging.unmap()
+            return data
 
     def encoder(self):
         return self.device.create_command_encoder()

@@ -14,6 +14,14 @@ import numpy as np
 from ..errors import ModelFormatError, UnsupportedError
 
 
+# the sizes' keys in a GGUF file / a config.json, for messages
+SIZE_KEYS = dict(n_layers="block_count / num_hidden_layers", dim="embedding_length / hidden_size",
+                 n_heads="attention.head_count / num_attention_heads",
+                 n_kv_heads="attention.head_count_kv / num_key_value_heads", head_dim="attention.key_length / head_dim",
+                 ffn_dim="feed_forward_length / intermediate_size", vocab_size="vocab_size / the embedding's rows",
+                 context_length="context_length / max_position_embeddings")
+
+
 @dataclass
 class ModelArgs:
     n_layers: int
@@ -63,17 +71,22 @@ class ModelArgs:
         sizes = dict(n_layers=self.n_layers, dim=self.dim, n_heads=self.n_heads, n_kv_heads=self.n_kv_heads,
                      head_dim=self.head_dim, ffn_dim=self.ffn_dim, vocab_size=self.vocab_size,
                      context_length=self.context_length)
-        bad = {k: v for k, v in sizes.items() if not (isinstance(v, int) and v > 0)}
+        bad = [k for k, v in sizes.items() if not (isinstance(v, int) and v > 0)]
         if bad:
-            raise ModelFormatError(f"{where}: non-positive model size {bad}")
+            k = bad[0]
+            raise ModelFormatError(f"{where}: {k} ({SIZE_KEYS[k]}) is {sizes[k]}: it should be a positive whole number")
         if self.n_heads % self.n_kv_heads:
             raise ModelFormatError(f"{where}: the head count ({self.n_heads}) is not a multiple of the KV head "
                                    f"count ({self.n_kv_heads})")
-        if self.rope_dim > self.head_dim or self.rope_dim % 2:
-            raise ModelFormatError(f"{where}: the RoPE dimension count ({self.rope_dim}) must be even and at "
-                                   f"most the head size ({self.head_dim})")
-        if not (self.rms_eps > 0 and math.isfinite(self.rms_eps)) or not (self.rope_base > 0):
-            raise ModelFormatError(f"{where}: bad RMS epsilon {self.rms_eps} or RoPE base {self.rope_base}")
+        if not 0 < self.rope_dim <= self.head_dim or self.rope_dim % 2:
+            raise ModelFormatError(f"{where}: the RoPE dimension count ({self.rope_dim}) must be even, positive "
+                                   f"and at most the head size ({self.head_dim})")
+        finite_positive = dict(rms_eps=self.rms_eps, rope_base=self.rope_base, rope_scale=self.rope_scale)
+        bad = {k: v for k, v in finite_positive.items() if not (v > 0 and math.isfinite(v))}
+        if bad:
+            raise ModelFormatError(f"{where}: {bad} should be finite and positive")
+        if self.sliding_window < 0:
+            raise ModelFormatError(f"{where}: negative sliding window {self.sliding_window}")
         if self.swa_layers is not None and len(self.swa_layers) != self.n_layers:
             raise ModelFormatError(f"{where}: {len(self.swa_layers)} sliding-window flags for {self.n_layers} layers")
 
@@ -93,8 +106,8 @@ class ModelArgs:
         if n_heads <= 0:
             raise ModelFormatError(f"{f.path}: {a}.attention.head_count is {n_heads}")
         head_dim = f.get_int(f"{a}.attention.key_length", 0) or dim // n_heads
-        ffn = f.get_int(f"{a}.feed_forward_length", 0)
-        if not ffn:
+        ffn = f.get_int(f"{a}.feed_forward_length", None)
+        if ffn is None:
             t = f.tensors.get("blk.0.ffn_gate.weight") or f.tensors.get("blk.0.ffn_up.weight")
             if t is None:
                 f.require(f"{a}.feed_forward_length")
@@ -108,23 +121,29 @@ class ModelArgs:
             vocab = emb.shape[0]
         if not vocab:
             f.require(f"{a}.vocab_size")
+        if isinstance(tokens, list) and tokens and len(tokens) != vocab:    # llama.cpp's vocabulary is its token list
+            raise ModelFormatError(f"{f.path}: the token list (tokenizer.ggml.tokens) has {len(tokens):,} tokens, "
+                                   f"the model's vocabulary {vocab:,}")
         if emb is not None and emb.shape != (vocab, dim):
             raise ModelFormatError(f"{f.path}: tensor 'token_embd.weight' has shape {emb.shape}, expected "
                                    f"(vocab_size={vocab}, embedding_length={dim})")
         scaling = {k[len(f"{a}.rope.scaling."):]: v for k, v in f.metadata.items()
                    if k.startswith(f"{a}.rope.scaling.")}
-        stype = scaling.get("type")
+        stype = f.get_str(f"{a}.rope.scaling.type", None)
         rope_scale = 1.0
         if stype == "linear":
-            rope_scale = float(scaling.get("factor", 1.0)) or 1.0
+            rope_scale = f.get_float(f"{a}.rope.scaling.factor", 1.0) or 1.0
         elif stype is None and f"{a}.rope.scale_linear" in f.metadata:   # pre-2024 key
             rope_scale = f.get_float(f"{a}.rope.scale_linear")
-        name = f.metadata.get("general.name") or f.metadata.get("general.basename") \
+        elif stype not in (None, "none") and not cls.gguf_rope_type_ok(stype):
+            raise UnsupportedError(f"{f.path}: RoPE scaling {stype!r} ({a}.rope.scaling.type) is not supported "
+                                   f"(supported: linear)")
+        name = f.get_str("general.name", "") or f.get_str("general.basename", "") \
             or os.path.splitext(os.path.basename(f.path))[0]
         fields = dataclasses.fields(cls)
         defaults = {x.name: x.default for x in fields if x.default is not dataclasses.MISSING}
         return dict(
-            n_layers=f.get_int(f"{a}.block_count"), dim=dim, n_heads=n_heads,
+            n_layers=f.layer_count(f"{a}.block_count", "blk."), dim=dim, n_heads=n_heads,
             n_kv_heads=f.get_int(f"{a}.attention.head_count_kv", n_heads), head_dim=head_dim, ffn_dim=ffn,
             vocab_size=vocab, context_length=f.get_int(f"{a}.context_length"),
             rms_eps=f.get_float(f"{a}.attention.layer_norm_rms_epsilon", defaults["rms_eps"]),
@@ -178,27 +197,30 @@ class ModelArgs:
         if len(emb.shape) != 2 or emb.shape[1] != dim:
             raise ModelFormatError(f"{h.path}: model.embed_tokens.weight has shape {emb.shape}, expected (vocab, "
                                    f"hidden_size={dim})")
-        act = h.get("hidden_act") or h.get("hidden_activation") or "silu"
+        act = h.get_str("hidden_act", None) or h.get_str("hidden_activation", None) or "silu"
         if act not in cls.hf_activations():
             raise UnsupportedError(f"{h.path}: activation {act!r} is not supported for {h.architecture} "
                                    f"({', '.join(cls.hf_activations())})")
         if h.get("mlp_bias"):
             raise UnsupportedError(f"{h.path}: MLP biases (mlp_bias: true) are not supported")
         rp = hf_rope_params(h, cls.hf_rope_layer_type)
-        partial = float(rp.get("partial_rotary_factor", h.get("partial_rotary_factor", 1.0)) or 1.0)
+        partial = h.get_float("partial_rotary_factor", h.get_float("partial_rotary_factor", 1.0),
+                              within=rp) or 1.0
+        if not 0 < partial <= 1:
+            raise ModelFormatError(f"{h.where}: 'partial_rotary_factor' should be in (0, 1], got {partial}")
         rope_dim = int(head_dim * partial)
         rope_dim -= rope_dim % 2
         ctx = h.get_int("max_position_embeddings", 4096)
         extra, rope_scale, rtype = {}, 1.0, rp["rope_type"]
         if rtype == "linear":
-            rope_scale = float(rp.get("factor", 1.0)) or 1.0
+            rope_scale = h.get_float("factor", 1.0, within=rp) or 1.0
         elif rtype == "llama3":
-            extra["rope_freqs.weight"] = llama3_rope_factors(rp, float(rp["rope_theta"]), rope_dim)
+            extra["rope_freqs.weight"] = llama3_rope_factors(checked_llama3(h, rp), float(rp["rope_theta"]), rope_dim)
         elif rtype != "default" and not cls.hf_rope_type_ok(rtype):
             raise UnsupportedError(f"{h.path}: RoPE scaling {rtype!r} is not supported for {h.architecture} "
                                    f"(supported: linear, llama3)")
-        name = h.get("_name_or_path") or os.path.basename(os.path.normpath(h.path))
-        n_layers = h.get_int("num_hidden_layers")
+        name = h.get_str("_name_or_path", None) or os.path.basename(os.path.normpath(h.path))
+        n_layers = h.layer_count("num_hidden_layers", "model.layers.")
         window, swa_layers = cls.hf_window(h, n_layers)
         return dict(n_layers=n_layers, dim=dim, n_heads=n_heads,
                     n_kv_heads=h.get_int("num_key_value_heads", n_heads), head_dim=head_dim,
@@ -221,6 +243,11 @@ class ModelArgs:
     @classmethod
     def hf_activations(cls) -> tuple:
         return ("silu",)
+
+    @classmethod
+    def gguf_rope_type_ok(cls, rope_type: str) -> bool:
+        """An architecture that reads another GGUF RoPE scaling type itself says so here."""
+        return False
 
     @classmethod
     def hf_rope_type_ok(cls, rope_type: str) -> bool:
@@ -259,6 +286,20 @@ def hf_rope_params(h, layer_type: str | None = None) -> dict:
     theta = out.get("rope_theta", 10000.0)
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not theta > 0:
         raise ModelFormatError(f"{h.where}: 'rope_theta' should be a positive number, got {theta!r}")
+    return out
+
+
+def checked_llama3(h, rp: dict) -> dict:
+    """Llama 3.1 RoPE scaling settings from config.json (`rp`, of source `h`), checked."""
+    out = {"factor": h.get_float("factor", within=rp),
+           "low_freq_factor": h.get_float("low_freq_factor", 1.0, within=rp),
+           "high_freq_factor": h.get_float("high_freq_factor", 4.0, within=rp),
+           "original_max_position_embeddings": h.get_float(
+               "original_max_position_embeddings", h.get_float("original_context_length", 8192, within=rp), within=rp)}
+    if not (out["factor"] > 0 and out["original_max_position_embeddings"] > 0
+            and out["high_freq_factor"] > out["low_freq_factor"] > 0):
+        raise ModelFormatError(f"{h.where}: llama3 RoPE scaling needs factor > 0, an original context > 0 and "
+                               f"high_freq_factor > low_freq_factor > 0; got {out}")
     return out
 
 

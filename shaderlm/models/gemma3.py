@@ -18,7 +18,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import UnsupportedError
+from ..errors import ModelFormatError, UnsupportedError
 from ..kernels import ops
 from .args import ModelArgs, hf_rope_params
 from .transformer import Transformer
@@ -41,9 +41,19 @@ class Gemma3Args(ModelArgs):
 
     def __post_init__(self):
         super().__post_init__()
-        self.attn_scale = self.attn_scale or self.llama_cpp_attn_scale()
+        if not self.attn_scale and self.head_dim > 0 and self.n_heads > 0 and self.dim > 0:   # else check() says why
+            self.attn_scale = self.llama_cpp_attn_scale()
         if self.sliding_window and self.swa_layers is None:
             self.swa_layers = [i % SWA_PATTERN < SWA_PATTERN - 1 for i in range(self.n_layers)]
+
+    def check(self, where: str):
+        super().check(where)
+        finite = dict(attn_scale=self.attn_scale, rope_base_local=self.rope_base_local)
+        bad = {k: v for k, v in finite.items() if not (v > 0 and math.isfinite(v))}
+        caps = dict(attn_logit_softcap=self.attn_logit_softcap, final_logit_softcap=self.final_logit_softcap)
+        bad.update({k: v for k, v in caps.items() if not (v >= 0 and math.isfinite(v))})
+        if bad:
+            raise ModelFormatError(f"{where}: {bad} should be finite and positive (a softcap may be 0: none)")
 
     def llama_cpp_attn_scale(self) -> float:
         """What llama.cpp derives (GGUF has no key): 1/sqrt(dim/n_heads) for Gemma 3 27B, else 1/sqrt(head_dim)."""
@@ -93,9 +103,11 @@ class Gemma3Args(ModelArgs):
         local = hf_rope_params(h, "sliding_attention")
         if local["rope_type"] != "default":
             raise UnsupportedError(f"{h.path}: RoPE scaling on Gemma 3's sliding layers is not supported")
-        caps = {k: float(h.get(k) or 0.0) for k in ("final_logit_softcapping", "attn_logit_softcapping")}
-        out.update(rope_base_local=float(local["rope_theta"]),
-                   attn_scale=h.get_float("query_pre_attn_scalar", out["head_dim"]) ** -0.5,
+        caps = {k: h.get_float(k, 0.0) for k in ("final_logit_softcapping", "attn_logit_softcapping")}
+        scalar = h.get_float("query_pre_attn_scalar", out["head_dim"])
+        if not scalar > 0:
+            raise ModelFormatError(f"{h.where}: 'query_pre_attn_scalar' should be positive, got {scalar}")
+        out.update(rope_base_local=float(local["rope_theta"]), attn_scale=scalar ** -0.5,
                    final_logit_softcap=caps["final_logit_softcapping"],
                    attn_logit_softcap=caps["attn_logit_softcapping"])
         return out, extra
@@ -106,7 +118,9 @@ class Gemma3Args(ModelArgs):
         if isinstance(types, list) and len(types) >= n_layers:
             swa = [t == "sliding_attention" for t in types[:n_layers]]
         else:
-            pattern = int(h.get("sliding_window_pattern") or h.get("_sliding_window_pattern") or SWA_PATTERN)
+            pattern = h.get_int("sliding_window_pattern", None) or h.get_int("_sliding_window_pattern", SWA_PATTERN)
+            if pattern <= 0:
+                raise ModelFormatError(f"{h.where}: 'sliding_window_pattern' should be positive, got {pattern}")
             swa = [(i + 1) % pattern != 0 for i in range(n_layers)]
         return h.get_int("sliding_window", 0), swa
 

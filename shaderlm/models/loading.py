@@ -7,6 +7,7 @@ import importlib.util
 import math
 import os
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,17 +62,29 @@ def open_model(path: str, quantize: str | None = None) -> OpenedModel:
     f = GGUFFile(path, types=SUPPORTED_TYPES)
     cls, args = gguf_args(f)
     check_tensors(cls, args, f.tensors, path)
-    tok = Tokenizer.from_metadata(f.metadata)
+    with naming(path):
+        tok = Tokenizer.from_metadata(f.metadata)
     tok.fallback_template = cls.chat_template
+    tok.chat_template_source = f"tokenizer.chat_template of {path}"
+    tok.check_chat_template()
     return OpenedModel(path, cls, args, f, tok, f.metadata)
+
+
+@contextmanager
+def naming(path: str):
+    """Errors inside say which model they are about (the tokenizer's do not know its file)."""
+    try:
+        yield
+    except ShaderLMError as e:
+        if path in str(e):
+            raise
+        raise type(e)(f"{path}: {e}") from None
 
 
 def gguf_args(f: GGUFFile) -> tuple[type[Transformer], ModelArgs]:
     """The architecture of a GGUF file and its args, from the metadata (tensors unchecked)."""
     from . import for_gguf
-    arch = f.metadata.get("general.architecture")
-    if not isinstance(arch, str) or not arch:
-        raise ModelFormatError(f"{f.path}: required metadata key 'general.architecture' is missing")
+    arch = f.arch
     cls = for_gguf(arch, f.path)
     return cls, cls.Args.from_gguf(f, arch)
 
@@ -170,7 +183,9 @@ def _open_hf(path: str, quantize: str | None) -> OpenedModel:
     for name, vals in extra.items():
         tensors[name] = HFTensor(name, "F32", vals.shape, make=lambda v=vals: v.view(np.uint8))
     check_tensors(cls, args, tensors, path, hf_name=lambda g: names.get(g, g))
-    tok = folder.tokenizer(args.vocab_size)
+    with naming(path):
+        tok = folder.tokenizer(args.vocab_size)
+    tok.check_chat_template()
     tok.arch, tok.fallback_template = cls.gguf_arch, cls.chat_template
     return OpenedModel(path, cls, args, HFTensors(folder, tensors), tok,
                        {"general.architecture": cls.gguf_arch, "general.name": args.name})

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import ContextFullError, ModelFormatError
+from ..errors import ContextFullError, DeviceError, ModelFormatError
 from ..gpu.device import READBACK, STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
 from ..gpu.tuner import tune_plan
@@ -234,6 +234,10 @@ class Transformer:
     def _alloc(self):
         a, B, dev = self.args, self.batch, self.dev
         f4 = 4
+        kv_bytes = self.ctx * a.kv_dim * 2
+        if kv_bytes > dev.max_binding:          # checked before anything is allocated
+            raise DeviceError(f"a context of {self.ctx} tokens needs {kv_bytes:,} bytes of KV cache per layer, over "
+                              f"{dev.name}'s {dev.max_binding:,}-byte binding limit: use a smaller --ctx-size")
         self.state = dev.buffer(32, STORAGE, "state")        # kernels/state.wgsl's State
         self.tokens = dev.buffer(4 * (self.ctx + 1), STORAGE, "tokens")
         self.x = dev.buffer(B * a.dim * f4, label="x")
@@ -245,12 +249,13 @@ class Transformer:
         # logits for up to logit_rows tokens at once (one binding must hold them)
         self.logit_rows = max(1, min(B, dev.max_binding // (a.vocab_size * f4)))
         self.logit_buf = dev.buffer(self.logit_rows * a.vocab_size * f4, label="logits")
-        kv_bytes = self.ctx * a.kv_dim * 2
-        if kv_bytes > dev.max_binding:
-            raise ModelFormatError(f"context {self.ctx} needs {kv_bytes} bytes of KV cache per layer, over "
-                                   f"this adapter's {dev.max_binding}-byte binding limit: use a smaller --ctx")
-        self.k_cache = [dev.buffer(kv_bytes, label=f"k{i}") for i in range(a.n_layers)]
-        self.v_cache = [dev.buffer(kv_bytes, label=f"v{i}") for i in range(a.n_layers)]
+        try:
+            self.k_cache = [dev.buffer(kv_bytes, label=f"k{i}") for i in range(a.n_layers)]
+            self.v_cache = [dev.buffer(kv_bytes, label=f"v{i}") for i in range(a.n_layers)]
+        except DeviceError as e:
+            raise DeviceError(f"a context of {self.ctx} tokens needs {2 * a.n_layers * kv_bytes / 2**30:.2f} GiB of KV "
+                              f"cache ({a.n_layers} layers), which {dev.name} could not allocate: use a smaller "
+                              f"--ctx-size") from e
         # greedy until set_sampling: plans run before that (the tuner) then time the real sampler
         self.sample_params = dev.upload(pack_params(*ops.sample_params(a.vocab_size)), UNIFORM, "sample_params")
         self.inv_freq = dev.upload(self.rope_inv_freq().astype(np.float32), label="inv_freq")
