@@ -10,15 +10,7 @@ const KV1: u32 = 0xF6EADDCFu;
 const KV2: u32 = 0x26190D01u;
 const KV3: u32 = 0x71594535u;
 
-// A word of 4 indices (bytes 0..15) -> the word of their 4 table values (int8 bytes).
-fn kv_bytes(v: u32) -> u32 {
-    let i = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
-    let b4 = (i & vec4<u32>(4u)) != vec4<u32>(0u);
-    let t = select(select(vec4<u32>(KV0), vec4<u32>(KV1), b4), select(vec4<u32>(KV2), vec4<u32>(KV3), b4),
-                   i >= vec4<u32>(8u));
-    let b = ((t >> ((i & vec4<u32>(3u)) * 8u)) & vec4<u32>(255u)) << vec4<u32>(0u, 8u, 16u, 24u);
-    return b.x | b.y | b.z | b.w;
-}
+#include quant/table4
 
 // Elements [8j, 8j+8) of block blk as two words of indices (0..15).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
@@ -60,14 +52,7 @@ struct CW { q: vec4<u32>, h: u32, l: u32 }
 fn chunk_load(blk: u32, c: u32) -> CW {
     return CW(w[blk * 8u + c], word(p.dbase + blk * 2u), word(p.dbase + blk * 2u + 1u));
 }
-fn kv16(q: vec4<u32>, sh: u32) -> vec4<u32> {
-    let n = nib(q, sh);
-    return vec4<u32>(kv_bytes(n.x), kv_bytes(n.y), kv_bytes(n.z), kv_bytes(n.w));
-}
 #if !INT_DOT
-fn dot_i8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    return dot(i8x4(b.x), x0) + dot(i8x4(b.y), x1) + dot(i8x4(b.z), x2) + dot(i8x4(b.w), x3);
-}
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     return x4_dl(cw.h, cw.l, c) * (dot_i8(kv16(cw.q, 0u), xr[0], xr[1], xr[2], xr[3])
                                    + dot_i8(kv16(cw.q, 4u), xr[4], xr[5], xr[6], xr[7]));

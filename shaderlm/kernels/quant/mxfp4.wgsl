@@ -9,16 +9,7 @@ const KV1: u32 = 0x0C080604u;
 const KV2: u32 = 0xFDFEFF00u;
 const KV3: u32 = 0xF4F8FAFCu;
 
-// A word of 4 indices (bytes 0..15) -> the word of their 4 table values (int8 bytes): each byte picks
-// its table word with two selects (no array indexing) and its byte with a shift.
-fn kv_bytes(v: u32) -> u32 {
-    let i = (vec4<u32>(v) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u);
-    let b4 = (i & vec4<u32>(4u)) != vec4<u32>(0u);
-    let t = select(select(vec4<u32>(KV0), vec4<u32>(KV1), b4), select(vec4<u32>(KV2), vec4<u32>(KV3), b4),
-                   i >= vec4<u32>(8u));
-    let b = ((t >> ((i & vec4<u32>(3u)) * 8u)) & vec4<u32>(255u)) << vec4<u32>(0u, 8u, 16u, 24u);
-    return b.x | b.y | b.z | b.w;
-}
+#include quant/table4
 
 // 2^(e - 128) of block blk as f32 bits: exponent field e - 1, or for e < 2 the subnormals 2^-128 and
 // 2^-127 (which a GPU may flush to zero; no real weights come near them).
@@ -52,14 +43,7 @@ const CPB: u32 = 1u;
 fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
 struct CW { q: vec4<u32>, d: f32 }
 fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], mx_d(blk)); }
-fn kv16(q: vec4<u32>, sh: u32) -> vec4<u32> {
-    let n = nib(q, sh);
-    return vec4<u32>(kv_bytes(n.x), kv_bytes(n.y), kv_bytes(n.z), kv_bytes(n.w));
-}
 #if !INT_DOT
-fn dot_i8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    return dot(i8x4(b.x), x0) + dot(i8x4(b.y), x1) + dot(i8x4(b.z), x2) + dot(i8x4(b.w), x3);
-}
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     return cw.d * (dot_i8(kv16(cw.q, 0u), xr[0], xr[1], xr[2], xr[3])
                    + dot_i8(kv16(cw.q, 4u), xr[4], xr[5], xr[6], xr[7]));
