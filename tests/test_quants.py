@@ -226,12 +226,18 @@ def test_block_constants_match_layout():
 _WGSL_BYTES = {"vec4<u32>": 16, "u32": 4, "f32": 4}
 
 
+def _with_includes(name: str) -> str:
+    """A decoder's text with the files it includes (a shared part: quant/table4_32) inlined."""
+    return re.sub(r"^#include (\S+)$", lambda m: _with_includes(m.group(1)),
+                  (KERNEL_DIR / f"{name}.wgsl").read_text(), flags=re.M)
+
+
 def test_wide_constants_match_table():
     """Each decoder's WIDE part (the decode GEMV's chunking) agrees with QuantType.wide: elements per
     wide block (WQK), chunks per block (CPB), and the bytes its CW struct (one chunk_load) holds."""
     for name in ALL:
         q = QUANT_TYPES[name]
-        src = (KERNEL_DIR / f"{q.kernel}.wgsl").read_text()
+        src = _with_includes(q.kernel)
         if "#if WIDE" not in src:
             assert q.wide is None, name
             continue
