@@ -191,7 +191,6 @@ def test_template_loops_render_as_jinja_does(chat):
     ("tokenizer.ggml.bos_token_id", 1.0, "tokenizer.ggml.bos_token_id.*an integer"),
     ("tokenizer.ggml.bos_token_id", True, "tokenizer.ggml.bos_token_id.*an integer"),
     ("tokenizer.ggml.bos_token_id", np.array([1]), "tokenizer.ggml.bos_token_id.*an integer"),
-    ("tokenizer.ggml.bos_token_id", 300, "tokenizer.ggml.bos_token_id.* 300 is outside the vocabulary"),
     ("tokenizer.ggml.eos_token_id", -5, "tokenizer.ggml.eos_token_id.* -5 is outside the vocabulary"),
     ("tokenizer.ggml.pre", ["gpt-2"], "tokenizer.ggml.pre.*a string"),
     ("tokenizer.ggml.merges", np.array([1, 2, 3], np.uint32), "tokenizer.ggml.merges.*array of strings"),
@@ -204,10 +203,18 @@ def test_gguf_key_of_the_wrong_kind(bpe_meta, key, value, words):
         Tokenizer.from_metadata(dict(bpe_meta, **{key: value}))
 
 
-def test_gguf_optional_ids_out_of_range_are_ignored_as_llama_cpp_does(bpe_meta):
+def test_gguf_ids_past_the_vocabulary_are_ignored_as_llama_cpp_does(bpe_meta):
+    """llama.cpp warns about a special token id past the vocabulary and keeps its default (real files
+    carry such ids); a negative id is malformed."""
     with pytest.warns(UserWarning, match="padding_token_id = 300"):
         tok = Tokenizer.from_metadata(dict(bpe_meta, **{"tokenizer.ggml.padding_token_id": 300}))
     assert tok.pad_id is None
+    with pytest.warns(UserWarning, match="bos_token_id = 300"):
+        tok = Tokenizer.from_metadata(dict(bpe_meta, **{"tokenizer.ggml.bos_token_id": 300}))
+    assert tok.bos_id is None                     # a BPE vocabulary has no default BOS
+    with pytest.warns(UserWarning, match="eos_token_id = 400"):
+        tok = Tokenizer.from_metadata(dict(spm_meta(), **{"tokenizer.ggml.eos_token_id": 400}))
+    assert tok.eos_id == 2                        # SentencePiece's default
 
 
 def test_spm_token_too_long(guard):

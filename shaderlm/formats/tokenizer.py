@@ -657,22 +657,19 @@ class Tokenizer:
         if scores is not None:
             self.scores = scores.astype(np.float32)
 
-        def tok_id(key: str, default: int | None, required: bool = False) -> int | None:
-            v = given = _as_int(meta, key)
-            if v is None:
-                v = default
-            if v is not None and not (0 <= v < n):
-                if required and given is not None:
-                    raise ModelFormatError(f"tokenizer metadata key {key!r} = {v} is outside the vocabulary "
-                                           f"of {n} tokens")
+        def tok_id(key: str, default: int | None) -> int | None:
+            v = _as_int(meta, key)
+            if v is not None and v < 0:            # the key is unsigned in GGUF: a negative one is malformed
+                raise ModelFormatError(f"tokenizer metadata key {key!r} = {v} is outside the vocabulary "
+                                       f"of {n} tokens")
+            if v is not None and v >= n:           # llama.cpp warns and keeps the default (real files have these)
                 warnings.warn(f"{key} = {v} is outside the vocabulary of {n} tokens; ignoring it", stacklevel=3)
-                return None
-            return v
+                v = None
+            return default if v is None and default is not None and default < n else v
 
         spm = model == "llama"
-        # a BOS or EOS that the file names must exist; the others are ignored with a warning, as llama.cpp does
-        self.bos_id = tok_id("tokenizer.ggml.bos_token_id", 1 if spm else None, required=True)
-        self.eos_id = tok_id("tokenizer.ggml.eos_token_id", 2 if spm else None, required=True)
+        self.bos_id = tok_id("tokenizer.ggml.bos_token_id", 1 if spm else None)
+        self.eos_id = tok_id("tokenizer.ggml.eos_token_id", 2 if spm else None)
         self.unk_id = tok_id("tokenizer.ggml.unknown_token_id", 0 if spm else None)
         self.eot_id = tok_id("tokenizer.ggml.eot_token_id", None)
         eom_id = tok_id("tokenizer.ggml.eom_token_id", None)
