@@ -33,12 +33,7 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
 // Chunk c (0..3): half hh = c >> 1, l = 16m .. 16m + 16 with m = c & 1: qs[32hh + l] (vec4 1 + 2hh + m)
 // holds runs g = 0..3 (bits 2g) at elements 128hh + 16m + 32g, sub-blocks 8hh + m + 2g: byte
 // m + 2 (g & 1) of scales word 2hh + (g >> 1) (vec4 0). As Q6_K's chunks.
-const WQK: u32 = QK;          // elements per wide block
-const CPB: u32 = 4u;
-fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 16> {
-    let o = b * 64u + (c >> 1u) * 32u + (c & 1u) * 4u;
-    return x_runs4(r, o, o + 8u, o + 16u, o + 24u);
-}
+#include quant/runs4
 struct CW { sc: vec4<u32>, q: vec4<u32>, dm: u32 }
 fn chunk_load(blk: u32, c: u32) -> CW {
     return CW(w[blk * 5u], w[blk * 5u + 1u + c], word(p.dbase + blk));

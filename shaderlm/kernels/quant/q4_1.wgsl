@@ -3,12 +3,7 @@
 const QK: u32 = 32u;
 const QW: u32 = 4u;
 
-// Elements [8j, 8j+8) of block blk as two words of bytes q (0..15).
-fn q8w(blk: u32, j: u32) -> vec2<u32> {
-    let wi = blk * 4u + (j & 1u) * 2u;
-    let sh = (j >> 1u) * 4u;
-    return vec2<u32>((word(wi) >> sh) & 0x0F0F0F0Fu, (word(wi + 1u) >> sh) & 0x0F0F0F0Fu);
-}
+#include quant/nibbles32
 
 fn dq8(blk: u32, j: u32) -> V8 {
     let dm = unpack2x16float(word(p.dbase + blk));

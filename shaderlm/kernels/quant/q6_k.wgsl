@@ -43,12 +43,7 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
 // Chunk c (0..3): half hh = c >> 1, l = 16m .. 16m + 16 with m = c & 1: ql[64hh + l] (vec4 4hh + m),
 // ql[64hh + 32 + l] (4hh + 2 + m), qh[32hh + l] (8 + 2hh + m); x runs r = 0..3 at 128hh + 16m + 32r,
 // scale bytes 8hh + m + 2r: byte m + 2 (r & 1) of scale word 2hh + (r >> 1) (vec4 12).
-const WQK: u32 = QK;          // elements per wide block
-const CPB: u32 = 4u;
-fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 16> {
-    let o = b * 64u + (c >> 1u) * 32u + (c & 1u) * 4u;
-    return x_runs4(r, o, o + 8u, o + 16u, o + 24u);
-}
+#include quant/runs4
 fn i8_at(v: u32, byte: u32) -> f32 { return f32(bitcast<i32>(v << (24u - byte * 8u)) >> 24u); }
 struct CW { la: vec4<u32>, lb: vec4<u32>, qh: vec4<u32>, sc: vec4<u32>, d: f32 }
 fn chunk_load(blk: u32, c: u32) -> CW {
