@@ -14,6 +14,7 @@ byte-level BPE tokenizer.json files (GPT-2 / Llama 3 / Qwen / SmolLM kinds); oth
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 import warnings
@@ -132,7 +133,7 @@ def write_gguf(folder, out: str | os.PathLike, outtype: str = "auto", progress=N
                 if heads:                         # its rows move: read it whole
                     full = permute_rows(read(0, t.shape[0]).reshape(t.shape), heads)
                     read = lambda r0, r1, full=full: full[r0:r1]                       # noqa: E731
-                chunks = encode_rows(read, t.shape[0], t.shape[1], qt)
+                chunks = encode_rows(read, math.prod(t.shape[:-1]), t.shape[-1], qt)
             yield name, nb, chunks
             m.source.release(t)                  # written: its pages can go
 

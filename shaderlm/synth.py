@@ -34,7 +34,7 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType, LlamaFileType
 from .formats.gguf import write_tensor_data
 from .models import architectures, for_gguf, preset as find_preset
 from .models.args import ModelArgs, llama3_rope_factors
-from .models.loading import hf_name_map
+from .models.loading import hf_expert_map, hf_name_map
 
 __all__ = ["PRESETS", "QUANT_MIXES", "Synthetic", "resolve", "tensor_plan", "write_synthetic_gguf",
            "write_synthetic_hf", "write_hf_tokenizer", "main"]
@@ -183,6 +183,8 @@ def tensor_plan(s: Synthetic, quant: str, embed_type: str | None) -> list[tuple[
         if not mix:
             if role == "token_embd":
                 return (embed_type or "Q8_0").upper()
+            if quant == "MXFP4" and a.n_experts and not role.endswith("_exps"):
+                return "Q8_0"      # llama.cpp's MXFP4_MOE: the experts MXFP4, the other matrices Q8_0
             return quant
         # The benchmark layout (the decode yardsticks): Q6_K for attn_v, ffn_down, output and
         # token_embd in every layer, the base type elsewhere. llama.cpp's own mix gives attn_v and
@@ -195,13 +197,14 @@ def tensor_plan(s: Synthetic, quant: str, embed_type: str | None) -> list[tuple[
             return base            # llama.cpp: an untied embedding is only gathered, never streamed
         if quant in _LOW_BIT_MIXES:
             return _low_bit_type(quant, role, layer, a)
-        if role in ("attn_v", "ffn_down") and (not lcpp or _use_more_bits(layer, a.n_layers)):
+        if role in ("attn_v", "ffn_down", "ffn_down_exps") and (not lcpp or _use_more_bits(layer, a.n_layers)):
             return "Q6_K"
         return base
 
     plan = []
     for name, shape in s.arch.tensor_specs(a):
-        if len(shape) == 1:
+        # llama.cpp keeps routers, and biases of any shape (gpt-oss's experts' are 2-D), in F32
+        if len(shape) == 1 or ".ffn_gate_inp." in name or name.endswith(".bias"):
             plan.append((name, shape, "F32"))
         else:
             parts = name.split(".")
@@ -431,7 +434,8 @@ def write_synthetic_gguf(path: str | os.PathLike, arch: str | None = None, prese
     preset: "tiny" (default), "tiny-k" or an architecture's preset (models/<arch>.py); arch: the
     preset's unless given. quant: one tensor type for every 2-D matrix (F32, F16, BF16, Q8_0, Q4_0,
     Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K, Q3_K, IQ4_NL, MXFP4) with token_embd in ``embed_type`` (default
-    Q8_0); or a mix, "Q4_K_M" / "Q5_K_M" (the yardsticks' layout: Q6_K attn_v, ffn_down, output and
+    Q8_0; MXFP4 in a mixture of experts is llama.cpp's MXFP4_MOE: the experts MXFP4, the rest Q8_0);
+    or a mix, "Q4_K_M" / "Q5_K_M" (the yardsticks' layout: Q6_K attn_v, ffn_down, output and
     token_embd), "Q4_K_M_LCPP" / "Q5_K_M_LCPP" (llama.cpp's own), or llama.cpp's "Q2_K", "Q3_K_M" and
     "IQ4_XS". Rows whose length is not a multiple of a type's block get llama.cpp's fallback type
     (Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, Q2_K / Q3_K / IQ4_XS -> IQ4_NL, others -> F16).
@@ -517,7 +521,9 @@ def hf_config(s: Synthetic, dtype: str = "bfloat16") -> dict[str, Any]:
 def hf_tensor_plan(s: Synthetic) -> list[tuple[str, tuple[int, ...]]]:
     """[(Hugging Face name, shape)] of a synthetic model."""
     names = hf_name_map(s.arch, s.args.n_layers)
-    return [(names[g], shape) for g, shape in s.arch.tensor_specs(s.args)]
+    experts = hf_expert_map(s.arch, s.args.n_layers, s.args.n_experts)
+    return [(h, shape[1:]) if g in experts else (names[g], shape) for g, shape in s.arch.tensor_specs(s.args)
+            for h in experts.get(g, [None])]
 
 
 def write_hf_tokenizer(folder: str | os.PathLike, kind: str = "tiny", vocab_size: int = 300) -> None:

@@ -27,7 +27,7 @@ from shaderlm.models import for_gguf
 
 __all__ = ["reference_logits", "reference_greedy", "ReferenceModel", "load_reference"]
 
-_ARCHS = ("llama", "qwen2", "qwen3", "gemma3")
+_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe", "gemma3")
 
 
 def _dequant(t) -> np.ndarray:
@@ -177,10 +177,13 @@ class ReferenceModel:
                 o = _rms_norm(o, w[b + "post_attention_norm.weight"], eps)
             x = x + o
             h = _rms_norm(x, w[b + "ffn_norm.weight"], eps)
-            gate = _mm(h, w[b + "ffn_gate.weight"])
-            up = _mm(h, w[b + "ffn_up.weight"])
-            act = _gelu_tanh(gate) if gemma else _silu(gate)
-            f = _mm(act * up, w[b + "ffn_down.weight"])
+            if cfg.n_experts:
+                f = self._experts(h, b)
+            else:
+                gate = _mm(h, w[b + "ffn_gate.weight"])
+                up = _mm(h, w[b + "ffn_up.weight"])
+                act = _gelu_tanh(gate) if gemma else _silu(gate)
+                f = _mm(act * up, w[b + "ffn_down.weight"])
             if gemma:
                 f = _rms_norm(f, w[b + "post_ffw_norm.weight"], eps)
             x = x + f
@@ -196,6 +199,23 @@ class ReferenceModel:
         if cap:
             logits = np.tanh(logits / cap) * cap
         return logits
+
+
+    def _experts(self, h: np.ndarray, b: str) -> np.ndarray:
+        """A mixture of experts: each token's top-k experts by router logit (ties: the lower id), their
+        weights the softmax over the k (expert_norm) or over all, and the weighted sum of their FFNs."""
+        cfg, w = self.cfg, self.w
+        logits = _mm(h, w[b + "ffn_gate_inp.weight"])
+        out = np.zeros_like(h)
+        for t in range(h.shape[0]):
+            order = sorted(range(cfg.n_experts), key=lambda e: (-logits[t, e], e))[:cfg.n_experts_used]
+            p = np.exp(logits[t] - logits[t].max())
+            p = p[order] / (p[order].sum() if cfg.expert_norm else p.sum())
+            for e, pe in zip(order, p):
+                gate = h[t] @ w[b + "ffn_gate_exps.weight"][e].T.astype(np.float64)
+                up = h[t] @ w[b + "ffn_up_exps.weight"][e].T.astype(np.float64)
+                out[t] += pe * ((_silu(gate) * up) @ w[b + "ffn_down_exps.weight"][e].T.astype(np.float64))
+        return out
 
 
 _MODELS: OrderedDict[tuple, ReferenceModel] = OrderedDict()

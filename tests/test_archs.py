@@ -35,6 +35,11 @@ except ImportError:  # tests/ imported as a package
 CASES = {
     "qwen3-Q8_0": dict(preset="tiny", arch="qwen3", quant="Q8_0"),
     "qwen3-Q4_K_M": dict(preset="tiny-k", arch="qwen3", quant="Q4_K_M"),
+    # mixtures of experts: Qwen3-MoE (renormalised top-k) and Mixtral (llama with experts), with the
+    # experts' down matrices in another type than gate/up (Q4_K_M: Q6_K)
+    "qwen3moe-Q8_0": dict(preset="tiny", arch="qwen3moe", quant="Q8_0"),
+    "qwen3moe-Q4_K_M": dict(preset="tiny-k", arch="qwen3moe", quant="Q4_K_M", expert_ffn_dim=256),
+    "mixtral-Q4_0": dict(preset="tiny", arch="llama", quant="Q4_0", n_experts=4, n_experts_used=2, expert_ffn_dim=96),
     "gemma3-Q8_0": dict(preset="tiny", arch="gemma3", quant="Q8_0"),
     "gemma3-Q4_K_M": dict(preset="tiny-k", arch="gemma3", quant="Q4_K_M"),
     # Gemma 3 270M's attention shape (head_dim 256, one KV head) at tiny size
@@ -183,7 +188,7 @@ def test_gemma3_final_logit_softcap(synth_gguf, fuse):
     ref = reference_logits(path, ids).astype(np.float64)
     cap = 0.3 * float(np.abs(ref).max())              # low enough to bend the top logits
     cfg = m.args.replace(final_logit_softcap=cap)
-    net = Gemma3(_device(), m.source, cfg, ctx=64, batch=32, fuse=fuse)
+    net = Gemma3(_device(), m.source, cfg, ctx=64, batch=32, fuse=fuse, exact_prefill=True)   # as conftest asks
     gen = Generator(net)
     want = np.tanh(ref / cap) * cap
     got = gen.logits(ids)

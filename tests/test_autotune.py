@@ -47,10 +47,16 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf, tmp_path):
     keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
     assert any(k.startswith("gemv") for k in keys)
     # per distinct key: one timing round of all candidates, the default and the fastest few again, then
-    # the best shape against its f32-x twin (all are x24 types)
-    calls = tuner._timer.calls
-    assert len(calls) == 3 * len(keys) and calls[2::3] == [2] * len(keys), calls
-    assert all(2 <= n <= 1 + tuner.FINALISTS and n < first for first, n in zip(calls[::3], calls[1::3])), calls
+    # where the best shape has an f32-x or subgroupAdd twin (refine: the x24 types'), the two (a third
+    # round of 2: a first round has more)
+    calls, rounds = tuner._timer.calls, []
+    for n in calls:
+        if rounds and (len(rounds[-1]) == 1 or (len(rounds[-1]) == 2 and n == 2)):
+            rounds[-1].append(n)
+        else:
+            rounds.append([n])
+    assert len(rounds) == len(keys) and any(len(r) == 3 for r in rounds), calls
+    assert all(2 <= r[1] <= min(r[0], 1 + tuner.FINALISTS) for r in rounds), calls
     cache = shape_cache.cache_path(dev, str(tmp_path))
     shapes = json.loads(cache.read_text())["shapes"]
     assert set(shapes) == keys

@@ -66,6 +66,18 @@ CASES = {
                                         sliding_window=8, rope_theta=1000000.0, rope_local_base_freq=10000.0,
                                         tie_word_embeddings=True,
                                         layer_types=["sliding_attention"] * 5 + ["full_attention"])),
+    # mixtures of experts: Qwen3-MoE (8 experts, top-2 renormalised) and Mixtral (4 experts, top 2)
+    "qwen3moe": ("Qwen3MoeConfig", dict(rope_theta=1000000.0, num_experts=8, num_experts_per_tok=2,
+                                        moe_intermediate_size=32, norm_topk_prob=True)),
+    "mixtral": ("MixtralConfig", dict(rope_theta=1000000.0, num_local_experts=4, num_experts_per_tok=2)),
+    # gpt-oss: attention sinks, Q/K/V/O biases, sliding (window 8) / full layers, YaRN (original context
+    # 64 of 256, the ramp's ends not truncated, as the real config), biased router and experts with the
+    # clamped SwiGLU; head_dim 64 (the real one's: the tiled prefill attention takes it)
+    "gpt_oss": ("GptOssConfig", dict(head_dim=64, num_local_experts=4, num_experts_per_tok=2, sliding_window=8,
+                                     layer_types=["sliding_attention", "full_attention"], rms_norm_eps=1e-5,
+                                     rope_parameters=dict(rope_type="yarn", rope_theta=150000.0, factor=4.0,
+                                                          original_max_position_embeddings=64, beta_fast=32.0,
+                                                          beta_slow=1.0, truncate=False))),
     # Phi-3: fused qkv / gate_up, LongRoPE (original context 32 of 128)
     "phi3": ("Phi3Config", dict(max_position_embeddings=128, original_max_position_embeddings=32,
                                 rope_scaling=dict(type="longrope", short_factor=[1.0 + 0.1 * i for i in range(8)],
@@ -99,8 +111,8 @@ def _randomize(torch, model, seed):
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 2:
-                std = float(np.clip(p.shape[1] ** -0.5, 0.02, 0.1))
+            if p.ndim in (2, 3):          # 3: experts' stacked matrices (transformers 5)
+                std = float(np.clip(p.shape[-1] ** -0.5, 0.02, 0.1))
                 p.copy_(torch.randn(p.shape, generator=g) * std)
             elif name.endswith("bias"):
                 p.copy_(torch.randn(p.shape, generator=g) * 0.1)
@@ -137,14 +149,16 @@ def reference(tr, folder, quant=None, **config_kwargs):
         gguf_name = {h: g for g, h in hf_name_map(m.arch, m.args.n_layers).items()}
         with torch.no_grad():
             for name, p in model.named_parameters():
-                g = gguf_name.get(name)
-                if g is None or p.ndim != 2:
+                g = gguf_name.get(name) or ("experts" if p.ndim == 3 else None)
+                if g is None or p.ndim not in (2, 3):
                     continue
-                qt = target_type(g, tuple(p.shape), quant, "F16")
+                # gpt-oss's fused experts are stored transposed against a Linear: quantized along D / F
+                w = p.transpose(-1, -2) if p.ndim == 3 and model.config.model_type == "gpt_oss" else p
+                qt = target_type(g, tuple(w.shape), quant, "F16")
                 if qt in ("Q8_0", "Q4_K"):
-                    raw = quantize_rows(p.numpy(), qt)
-                    deq = gguf.quants.dequantize(raw, GGMLQuantizationType[qt]).reshape(p.shape)
-                    p.copy_(torch.from_numpy(np.ascontiguousarray(deq, np.float32)))
+                    raw = quantize_rows(w.numpy().reshape(-1, w.shape[-1]), qt)
+                    deq = gguf.quants.dequantize(raw, GGMLQuantizationType[qt]).reshape(w.shape)
+                    w.copy_(torch.from_numpy(np.ascontiguousarray(deq, np.float32)))
     return model
 
 
@@ -253,6 +267,118 @@ def test_phi3_long_factors(tr, folders):
     short = shaderlm.load(folder, progress=False, ctx=32)
     assert short.net.inv_freq is not None        # and the two factor sets really differ
     assert not np.allclose(short.net.rope_inv_freq(), shaderlm.load(folder, progress=False, ctx=128).net.rope_inv_freq())
+
+
+def test_gpt_oss_swiglu_clamp(tr, tmp_path):
+    """gpt-oss's expert activation with a limit (0.25) and alpha (1.3) that its tiny model's gate and up
+    values cross everywhere (the real 7.0 is never reached here): both clamps against transformers. A
+    GGUF has no keys for them (llama.cpp hardcodes 7.0 / 1.702), so writing one is refused."""
+    from shaderlm.convert import write_gguf
+    folder = build_hf_model(tr, tmp_path / "clamp", "gpt_oss", seed=5, swiglu_limit=0.25, swiglu_alpha=1.3)
+    ref_model = reference(tr, folder)
+    experts = ref_model.model.layers[0].mlp.experts
+    if (getattr(experts, "limit", None), getattr(experts, "alpha", None)) != (0.25, 1.3):
+        pytest.skip("this transformers' gpt-oss experts do not take swiglu_limit / swiglu_alpha from the config")
+    m = shaderlm.load(folder, progress=False, ctx=64)
+    for ids in _prompts():
+        ref = ref_logits(tr, ref_model, ids)
+        assert np.abs(m.logits(ids) - ref).max() <= REL_TOL * np.abs(ref).max()
+    with pytest.raises(UnsupportedError, match="swiglu"):
+        write_gguf(folder, tmp_path / "clamp.gguf", "F16")
+
+
+def _mxfp4_hf_blocks(w):
+    """(rows, cols) float32 quantized by gguf-py to MXFP4, as OpenAI's checkpoints hold such blocks:
+    `_blocks` (rows, cols/32, 16), element 2i in the low nibble of byte i, and `_scales` (rows, cols/32)
+    E8M0 (GGUF's block: the scale byte, then element i low and i + 16 high); and gguf-py's dequantized
+    values."""
+    import gguf
+    from gguf.constants import GGMLQuantizationType
+    rows, cols = w.shape
+    raw = np.asarray(gguf.quants.quantize(np.ascontiguousarray(w, np.float32), GGMLQuantizationType.MXFP4), np.uint8)
+    blk = raw.reshape(rows, cols // 32, 17)
+    qs = blk[..., 1:]
+    vals = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)             # elements 0..31
+    hf = (vals[..., 0::2] | (vals[..., 1::2] << 4)).astype(np.uint8)
+    deq = gguf.quants.dequantize(raw, GGMLQuantizationType.MXFP4).reshape(rows, cols)
+    return hf, np.ascontiguousarray(blk[..., 0]), deq
+
+
+def test_gpt_oss_mxfp4_folder(tr, folders, tmp_path):
+    """A gpt-oss folder whose experts are MXFP4 blocks and scales, as OpenAI ships them: read without
+    dequantizing (GGUF MXFP4 rows; gate and up rows de-interleaved) and compared with transformers on the
+    experts as its own MXFP4 loader dequantizes them."""
+    import shutil
+    from safetensors.numpy import save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+    torch, _ = tr
+    src = folders("gpt_oss")
+    folder = tmp_path / "mxfp4"
+    shutil.copytree(src, folder)
+    st = SafetensorsFile(os.path.join(src, "model.safetensors"))
+    out, deq = {}, {}
+    for name, t in st.tensors.items():
+        if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            w = t.to_numpy().transpose(0, 2, 1)                         # (E, out rows, in), as the blocks
+            hf, e, d = _mxfp4_hf_blocks(w.reshape(-1, w.shape[-1]))
+            out[name + "_blocks"] = hf.reshape(*w.shape[:2], -1, 16)
+            out[name + "_scales"] = e.reshape(*w.shape[:2], -1)
+            deq[name] = convert_moe_packed_tensors(torch.from_numpy(out[name + "_blocks"]),
+                                                   torch.from_numpy(out[name + "_scales"]), dtype=torch.float32)
+            assert np.array_equal(deq[name].numpy(), d.reshape(w.shape).transpose(0, 2, 1))     # same values
+        else:
+            out[name] = t.to_numpy().astype(np.float16)
+    del st
+    save_file(out, str(folder / "model.safetensors"))
+    ts = open_model(str(folder)).source.tensors
+    assert ts["blk.0.ffn_gate_exps.weight"].type == ts["blk.0.ffn_down_exps.weight"].type == "MXFP4"
+    ref_model = reference(tr, src)
+    with torch.no_grad():
+        for name, p in ref_model.named_parameters():
+            if name in deq:
+                p.copy_(deq[name])
+    m = shaderlm.load(str(folder), progress=False, ctx=64)
+    for ids in _prompts():
+        ref = ref_logits(tr, ref_model, ids)
+        assert np.abs(m.logits(ids) - ref).max() <= REL_TOL * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("quant", ["MXFP4", "Q8_0"])
+def test_gpt_oss_synthetic_gguf(synth_gguf, quant):
+    """A synthetic gpt-oss GGUF (MXFP4: llama.cpp's MXFP4_MOE layout, the experts MXFP4 and the rest
+    Q8_0, as the ggml-org downloads) loads, and greedy decoding, fused and unfused, follows its own
+    prompt logits (the prefill path) past the sliding window, up to near-ties."""
+    path = synth_gguf(preset="tiny", arch="gpt-oss", quant=quant)
+    prompt = _prompts()[1]
+    for fuse in (False, True):
+        m = shaderlm.load(path, progress=False, ctx=64, fuse=fuse)
+        assert m.net.source.tensors["blk.0.ffn_gate_exps.weight"].type == quant
+        assert m.net.source.tensors["blk.0.attn_q.weight"].type == "Q8_0"
+        got = m.generate_tokens(prompt, 8, temperature=0.0, stop_at_eos=False)
+        ref = m.logits(prompt + got).astype(np.float64)
+        assert np.isfinite(ref).all()
+        rows = ref[len(prompt) - 1: len(prompt) - 1 + len(got)]
+        top2 = np.sort(rows, axis=1)[:, -2:]
+        bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), got,
+                               REL_TOL * float(np.abs(ref).max()))
+        assert bad is None, f"fuse={fuse}: {bad}"
+
+
+def test_gpt_oss_fallback_chat_template(synth_gguf):
+    """The harmony format gpt-oss's class falls back to renders a plain conversation as gpt-oss's own
+    template does (its output for these messages, today's date in it)."""
+    import time
+    from shaderlm.models.gpt_oss import GptOss
+    tok = open_model(synth_gguf(preset="tiny", arch="gpt-oss", quant="Q8_0")).tokenizer
+    msgs = [{"role": "system", "content": "You are a helpful assistant"}, {"role": "user", "content": "Hello"},
+            {"role": "assistant", "content": "Hi there"}, {"role": "user", "content": "How are you?"}]
+    want = ("<|start|>system<|message|>You are ChatGPT, a large language model trained by OpenAI.\nKnowledge "
+            f"cutoff: 2024-06\nCurrent date: {time.strftime('%Y-%m-%d')}\n\nReasoning: medium\n\n# Valid channels: "
+            "analysis, commentary, final. Channel must be included for every message.<|end|><|start|>developer"
+            "<|message|># Instructions\n\nYou are a helpful assistant\n\n<|end|><|start|>user<|message|>Hello"
+            "<|end|><|start|>assistant<|channel|>final<|message|>Hi there<|end|><|start|>user<|message|>How are "
+            "you?<|end|><|start|>assistant")
+    assert tok.apply_chat_template(msgs, template=GptOss.chat_template) == want
 
 
 def test_quantize_q4_k_on_load(tr, tmp_path):

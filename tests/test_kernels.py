@@ -434,8 +434,9 @@ ATT_TOL = 2e-5
 F16_NAN = np.uint16(0x7E00)
 
 
-def attention_ref(q, K, V, pos, scale, window, softcap, n_heads, n_kv):
-    """q (n, H, hd), K/V (ctx, n_kv, hd): float64. Causal over positions [lo, pos + t]."""
+def attention_ref(q, K, V, pos, scale, window, softcap, n_heads, n_kv, sinks=None):
+    """q (n, H, hd), K/V (ctx, n_kv, hd): float64. Causal over positions [lo, pos + t]; `sinks`: a
+    logit per head in each softmax's denominator only (gpt-oss)."""
     n, H, hd = q.shape
     out = np.zeros_like(q)
     g = n_heads // n_kv
@@ -446,8 +447,10 @@ def attention_ref(q, K, V, pos, scale, window, softcap, n_heads, n_kv):
             s = K[lo:qp + 1, h // g] @ q[t, h] * scale
             if softcap > 0:
                 s = softcap * np.tanh(s / softcap)
-            p = np.exp(s - s.max())
-            out[t, h] = (p / p.sum()) @ V[lo:qp + 1, h // g]
+            m = s.max() if sinks is None else max(s.max(), sinks[h])
+            p = np.exp(s - m)
+            den = p.sum() + (0.0 if sinks is None else np.exp(sinks[h] - m))
+            out[t, h] = (p / den) @ V[lo:qp + 1, h // g]
     return out
 
 
@@ -495,24 +498,26 @@ def test_attention_prefill_tiles(dev, tile, hd):
     check_attention(dev, hd, 4, 2, 70, 37, 50, 0.0, seed=hd + sum(tile), prefill_tile=tile)
 
 
-def check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, *, seed, **kw):
-    """Unfused attention (ops.attention) of n query rows at pos.. against attention_ref."""
+def check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, *, seed, sinks=None, **kw):
+    """Unfused attention (ops.attention) of n query rows at pos.. against attention_ref (`sinks`: a
+    logit per head)."""
     rng = np.random.default_rng(seed)
     scale = 1.0 / math.sqrt(hd)
     qscale = 4.0 if softcap else 1.0                     # scores large enough for the cap to matter
     qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window, qscale)
     out = dev.upload(poisoned((n + 1, n_heads * hd)))
     st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
+    sb = None if sinks is None else dev.upload(np.asarray(sinks, np.float32))
     run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
-                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap, **kw), n)
+                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap, sinks=sb, **kw), n)
     got = read_f32(dev, out, (n + 1, n_heads * hd))
     q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
     Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
     Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
-    ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv).reshape(n, -1)
+    ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv, sinks).reshape(n, -1)
     tol = ATT_TOL * np.abs(Vf[: pos + n]).max()
     assert_close(got[:n], ref, tol, f"attention hd={hd} H={n_heads}/{n_kv} n={n} pos={pos} "
-                                    f"window={window} softcap={softcap} {kw}")
+                                    f"window={window} softcap={softcap} sinks={sinks} {kw}")
     assert is_poison(got[n]).all()
 
 
@@ -550,7 +555,7 @@ def test_attention_split(dev, hd, pos, window, splits, min_keys):
         check_fused_attention(dev, False, hd, hd, 4, 2, pos, window, shape=(wg, 4, splits, min_keys))
 
 
-def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, shape=None):
+def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, shape=None, sinks=None):
     rng = np.random.default_rng(pos + hd + rope_dim)
     base, scale, n = 10000.0, 1.0 / math.sqrt(hd), 1
     qkv, K, V = attn_setup(rng, n, pos, hd, n_heads, n_kv, window)
@@ -562,8 +567,8 @@ def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, s
     inv = dev.upload(inv_freq_turns(rope_dim, base).astype(np.float32))
     run(dev, ops.attention(dev, dev.upload(qkv), kb, vb, out, st, n_heads=n_heads, n_kv=n_kv, head_dim=hd,
                            scale=scale, window=window, inv_freq=inv, rope_dim=rope_dim, neox=neox,
-                           shape=shape), 1)
-    what = f"fused attention neox={neox} rope_dim={rope_dim} hd={hd} pos={pos} shape={shape}"
+                           shape=shape, sinks=None if sinks is None else dev.upload(np.asarray(sinks, np.float32))), 1)
+    what = f"fused attention neox={neox} rope_dim={rope_dim} hd={hd} pos={pos} shape={shape} sinks={sinks}"
     gotK = dev.read(kb, np.float16)[: K.size].reshape(K.shape)
     gotV = dev.read(vb, np.float16)[: V.size].reshape(V.shape)
     other = np.arange(K.shape[0]) != pos
@@ -580,13 +585,38 @@ def check_fused_attention(dev, neox, rope_dim, hd, n_heads, n_kv, pos, window, s
     # reference attention with the cache as the kernel left it (its own f16 rounding of the new K/V)
     Kf = np.where(np.isnan(gotK), 0, gotK).astype(np.float64)
     Vf = np.where(np.isnan(gotV), 0, gotV).astype(np.float64)
-    ref = attention_ref(qr[None], Kf, Vf, pos, scale, window, 0.0, n_heads, n_kv).reshape(1, -1)
+    ref = attention_ref(qr[None], Kf, Vf, pos, scale, window, 0.0, n_heads, n_kv, sinks).reshape(1, -1)
     # q's rotation error (angle <= ang) moves each score by <= scale |q| |k| ang, and the output by
     # <= 2 max|V| times that
     ang = 2.4e-7 * (pos + 1) + 4e-6
     ds = scale * np.linalg.norm(q, axis=1).max() * np.linalg.norm(Kf[: pos + 1], axis=2).max() * ang
     tol = np.abs(Vf[: pos + 1]).max() * (ATT_TOL + 2 * ds)
     assert_close(read_f32(dev, out, (1, wd)), ref, tol, what)
+
+
+# sink logits per head: near the scores, far above them (the output goes to ~0: the sink takes the
+# weight), far below (no effect), and negative
+SINKS4 = [0.7, 30.0, -40.0, -1.5]
+
+
+@pytest.mark.parametrize("hd,n_heads,n_kv,n,pos,window", [
+    (64, 4, 2, 3, 147, 0), (64, 4, 1, 3, 147, 100), (128, 4, 2, 45, 100, 50), (64, 4, 4, 5, 0, 0)])
+@pytest.mark.parametrize("tiled", [True, False], ids=["tiled", "per-query"])
+def test_attention_sinks(dev, hd, n_heads, n_kv, n, pos, window, tiled):
+    """Attention sinks (gpt-oss): a logit per head in the softmax's denominator, in prompt chunks
+    (tiled) and the unfused decode step's kernel."""
+    check_attention(dev, hd, n_heads, n_kv, n, pos, window, 0.0, seed=hd + pos + n + 1, tiled=tiled,
+                    sinks=SINKS4[:n_heads])
+
+
+@pytest.mark.parametrize("pos,window,splits", [(149, 0, 1), (600, 0, 4), (600, 100, 3), (0, 0, 4)])
+def test_attention_sinks_decode(dev, pos, window, splits):
+    """Decode attention (RoPE fused) with sinks, its keys in one workgroup or split over several: the
+    sink joins the denominator once, where the splits are merged."""
+    if not dev.has_subgroups:
+        pytest.skip("the decode attention kernel needs subgroups")
+    wg = ops.attention_shape(dev, 4)[0]
+    check_fused_attention(dev, True, 64, 64, 4, 2, pos, window, shape=(wg, 4, splits, 16), sinks=SINKS4)
 
 
 # ---- glu -----------------------------------------------------------------------------------------
@@ -605,6 +635,76 @@ def test_glu(dev, gelu_, ffn, n):
     assert_close(got[:n], ref, 1e-5 * np.abs(ref) + 1e-6 * np.abs(g * u) + 1e-30,
                  f"glu {'gelu' if gelu_ else 'silu'} ffn={ffn}")
     assert is_poison(got[n]).all()
+
+
+def oai_glu(g, u, limit=7.0, alpha=1.702):
+    """gpt-oss's clamped SwiGLU: min(g, limit) * sigmoid(alpha * min(g, limit)) * (clamp(u) + 1)."""
+    gc = np.minimum(g, limit)
+    with np.errstate(over="ignore"):
+        return gc / (1.0 + np.exp(-alpha * gc)) * (np.clip(u, -limit, limit) + 1.0)
+
+
+OAI = ("oai", 7.0, 1.702)
+
+
+@pytest.mark.parametrize("ffn,n", [(300, 3), (40, 5)])
+def test_glu_oai(dev, ffn, n):
+    """The gated activation variant of gpt-oss's experts (ACT_OAI), over both clamps and the tails."""
+    rng = np.random.default_rng(ffn + n + 1)
+    gu = (rng.standard_normal((n, 2 * ffn)) * 6).astype(np.float32)
+    gu[0, :8] = [-40, -12, -7.5, -1e-3, 0, 6.9, 7.1, 40]
+    gu[1, ffn:ffn + 8] = [-40, -7.1, -6.9, -1, 0, 6.9, 7.1, 40]
+    ob = dev.upload(poisoned((n + 1, ffn)))
+    run(dev, ops.glu(dev, dev.upload(gu), ob, state(dev, pos=0, n=n), ffn=ffn, act=OAI), n)
+    got = read_f32(dev, ob, (n + 1, ffn))
+    g, u = gu[:, :ffn].astype(np.float64), gu[:, ffn:].astype(np.float64)
+    ref = oai_glu(g, u)
+    assert_close(got[:n], ref, 1e-5 * np.abs(ref) + 1e-6 * np.abs(g * u) + 1e-30, f"glu oai ffn={ffn}")
+    assert is_poison(got[n]).all()
+
+
+@pytest.mark.parametrize("qtype", ["F16", "Q8_0"])
+def test_expert_gemv_bias_oai(dev, qtype):
+    """gpt-oss's experts on the decode GEMV: each token's picked experts' [gate; up] rows with that
+    expert's biases added before the clamped SwiGLU, then their down rows with that expert's bias,
+    weighted and added into y."""
+    rng = np.random.default_rng(11)
+    E, S, F, D, n = 4, 2, 64, 96, 3
+    raw_gu, W_gu = make_weight(qtype, E * 2 * F, D, rng)
+    raw_dn, W_dn = make_weight(qtype, E * D, F, rng)
+    b_gu = rng.standard_normal((E, 2 * F)).astype(np.float32)         # each expert's [gate; up] biases
+    b_dn = rng.standard_normal((E, D)).astype(np.float32)
+    ids = np.array([[2, 0], [1, 3], [3, 2]], np.uint32)
+    wts = rng.uniform(0.1, 1.0, (n, S)).astype(np.float32)
+    x = (rng.standard_normal((n, D)) * 2).astype(np.float32)           # gates past the clamp too
+    y0 = rng.standard_normal((n, D)).astype(np.float32)
+    hb, yb, idb = dev.upload(poisoned((n * S + 1, F))), dev.upload(y0), dev.upload(ids)
+    wgu, wdn = upload(dev, qtype, raw_gu, E * 2 * F, D), upload(dev, qtype, raw_dn, E * D, F)
+    run(dev, gemv.expert_gemv(dev, wgu, E, dev.upload(x), hb, idb, slots=S, y_stride=F, glu=True, act=OAI,
+                              bias=dev.upload(b_gu)), n)
+    h = read_f32(dev, hb, (n * S + 1, F))
+    assert is_poison(h[n * S]).all()
+    xs = x.astype(np.float64)
+    for t in range(n):
+        for j, e in enumerate(ids[t]):
+            Wg, Wu = W_gu[e * 2 * F: e * 2 * F + F], W_gu[e * 2 * F + F: (e + 1) * 2 * F]
+            g, u = Wg @ xs[t] + b_gu[e, :F], Wu @ xs[t] + b_gu[e, F:]
+            ref = oai_glu(g, u)
+            tol = 2 * MM_RTOL * (np.abs(Wg) @ np.abs(xs[t]) * 9 + np.abs(Wu) @ np.abs(xs[t]) * 8) \
+                + 1e-5 * np.abs(ref) + 1e-30
+            assert_close(h[t * S + j], ref, tol, f"expert gate/up {qtype} token {t} expert {e}")
+            assert np.abs(g).max() > 7, "no gate past the clamp"
+    run(dev, gemv.expert_gemv(dev, wdn, E, hb, yb, idb, slots=S, y_stride=D, weights=dev.upload(wts),
+                              bias=dev.upload(b_dn)), n)
+    got = read_f32(dev, yb, (n, D))
+    hs = h[: n * S].astype(np.float64)
+    ref, tol = y0.astype(np.float64), np.abs(y0) * 1e-6 + 1e-30
+    for t in range(n):
+        for j, e in enumerate(ids[t]):
+            Wd = W_dn[e * D:(e + 1) * D]
+            ref = ref + np.eye(n)[t][:, None] * wts[t, j] * (Wd @ hs[t * S + j] + b_dn[e])
+            tol = tol + np.eye(n)[t][:, None] * wts[t, j] * 2 * MM_RTOL * (np.abs(Wd) @ np.abs(hs[t * S + j]) + 1)
+    assert_close(got, ref, tol + 1e-6 * np.abs(ref), f"expert down sum {qtype}")
 
 
 # ---- sample --------------------------------------------------------------------------------------
@@ -968,6 +1068,40 @@ def test_gemv_row_groups(dev, case):
     assert_shapes(dev, c, [(lanes * (1 + ("1056" in case)), rows, 1 + ("1056" in case), groups, x24, bf, pf)
                            for rows, groups in ((1, 2), (2, 3), (3, 5), (4, 8), (8, 3))
                            for x24, bf, pf in ((0, 1, 1), (1, 1, 0), (1, 0, 1), (1, 1, 1))], case)
+
+
+@pytest.mark.parametrize("case", ["F32 96", "F32 160 norm", "F32 96 glu", "F32 288 glu norm", "Q5_0 96",
+                                  "Q5_0 160 norm", "Q5_0 256 glu", "Q5_0 1056 glu norm", "F32+Q5_0 160 norm"])
+def test_gemv_f32_q5_0(dev, case):
+    """The decode GEMV over F32 (a wide block of 32 floats in 8 vec4 loads) and Q5_0 (20-byte blocks, so
+    each one's words start at any word of a vec4: K of 3, 5, 8 and 33 blocks puts them everywhere), plain,
+    with the norm, GLU, both, and paired (DUAL); in every shape the tuner may pick where subgroups are
+    on (without them, the default shape, for the workgroup-memory reduction: every shape there costs a
+    minute on lavapipe)."""
+    c = gemv_case(dev, case, len(case) * 5)
+    types = case.split()[0].split("+")
+    assert [d.label for d in c.ds] == ["gemv." + "+".join(types)]
+    tune = c.ds[0].tune
+    shapes = tune.candidates() if dev.has_subgroups else tune.candidates()[:1]
+    assert_shapes(dev, c, shapes + [r for s in shapes for r in tune.refine(s)], case)
+
+
+@pytest.mark.parametrize("K,kernel", [(96, "gemv"), (40, "matmul")])
+def test_matmul_f32_decode_routing(dev, K, kernel):
+    """ops.matmul sends a decode F32 matmul to the decode GEMV when K is whole wide blocks (32 floats),
+    else to matmul.wgsl; both compute it."""
+    rng = np.random.default_rng(K)
+    raw, W = make_weight("F32", 37, K, rng)
+    w = upload(dev, "F32", raw, 37, K)
+    x = rng.standard_normal((2, K)).astype(np.float32)
+    yb = dev.upload(poisoned((3, 37)))
+    ds = ops.matmul(dev, w, dev.upload(x), yb, state(dev, n=2), tt=1, y_stride=37)
+    assert [d.label for d in ds] == [f"{kernel}.F32"]
+    run(dev, ds, 2)
+    got = read_f32(dev, yb, (3, 37))
+    xe = x.astype(np.float64)
+    assert_close(got[:2], xe @ W.T, MM_RTOL * (np.abs(xe) @ np.abs(W).T) + 1e-30, f"F32 K={K}")
+    assert is_poison(got[2]).all()
 
 
 def test_gemv_row_groups_need_one_trip(dev):

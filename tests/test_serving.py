@@ -41,7 +41,8 @@ def _generate_batched(sv: Serving, prompts: dict, n: int, k: int = 4) -> dict:
 
 
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0"),
-                                               ("qwen3", "tiny", "Q4_1")])
+                                               ("qwen3", "tiny", "Q4_1"), ("qwen3moe", "tiny", "Q8_0"),
+                                               ("gpt-oss", "tiny", "Q8_0")])
 @pytest.mark.parametrize("fuse,nt,exact", [(False, 1, True), (True, 1, True), (True, 2, True), (True, 1, False)],
                          ids=["unfused", "fused", "fused-nt2", "fused-int8-prefill"])
 def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant, fuse, nt, exact):

@@ -35,14 +35,15 @@ def n_bytes(shape, qtype: str) -> int:
 def target_type(name: str, shape: tuple[int, ...], qtype: str, src_type: str = "F32") -> str:
     """The type a tensor gets when a model is written or loaded as ``qtype`` (F32, F16, BF16, Q8_0,
     Q4_K, or "auto": keep the source's float type).  1-D tensors (norms, biases, RoPE factors) stay F32.
-    Q4_K puts the token embedding and output head in Q8_0 (4 bits cost the most quality there) and
+    A mixture of experts' router stays F32 (its top-k picks are sensitive), as do biases of any shape. Q4_K puts the token embedding and output head in Q8_0 (4 bits cost the most quality there) and
     falls back to Q8_0 for rows that are not a multiple of 256, and every quantized type to F16 for
     rows that are not a multiple of 32."""
     q = qtype.upper()
     if q not in OUT_TYPES and q != "AUTO":
         raise UnsupportedError(f"tensor type {qtype!r} is not supported here; use one of "
                                f"{', '.join(OUT_TYPES)}")
-    if len(shape) < 2:
+    # routers and biases (gpt-oss's experts' are 2-D) stay F32, as llama.cpp keeps them
+    if len(shape) < 2 or ".ffn_gate_inp." in name or name.endswith(".bias"):
         return "F32"
     if q == "AUTO":
         return src_type if src_type in ("F32", "F16", "BF16") else "F16"

@@ -92,6 +92,16 @@ class ModelSource:
                                    f"{max_len:,}")
         return v
 
+    def get_bool(self, key: str, default: Any = _MISSING) -> Any:
+        v = self.metadata.get(key, _MISSING)
+        if v is _MISSING or v is None:
+            if default is _MISSING:
+                self.require(key)
+            return default
+        if not isinstance(v, (bool, np.bool_)):
+            raise ModelFormatError(f"{self.where or self.path}: '{key}' should be true or false, got {_shown(v)}")
+        return bool(v)
+
     def _number(self, key: str, default: Any, within: dict | None = None):
         v = (self.metadata if within is None else within).get(key, _MISSING)
         if v is _MISSING or v is None:

@@ -7,6 +7,7 @@
 // saving a dispatch per layer.
 // PAGED / BATCH: the cache rows of a paged KV cache, and per batch row its own sequence and position
 // (paged.wgsl, batch_rows.wgsl).
+// SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include reduce
 #include state
 #include kv_rows
@@ -32,6 +33,10 @@ var<workgroup> vcur: array<f32, {{HD}}>;
 #else
 @group(0) @binding(3) var<storage, read> kc: array<u32>;
 @group(0) @binding(4) var<storage, read> vc: array<u32>;
+#endif
+
+#if SINKS
+@group(0) @binding(9) var<storage, read> sinks: array<f32>;
 #endif
 
 const PAIRS: u32 = {{PAIRS}}u;          // head-dim pairs per thread: ceil(hd / 2 / WG)
@@ -137,6 +142,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         m = m_new;
         workgroupBarrier();
     }
+#if SINKS
+    // the sink's term in the denominator, both sums rescaled to the larger of the running max and
+    // the sink (a sink far above the scores cannot overflow)
+    let mf = max(m, sinks[h]);
+    let keep = exp(m - mf);
+    l = l * keep + exp(sinks[h] - mf);
+    for (var c = 0u; c < PAIRS; c++) { acc[c] *= keep; }
+#endif
     let oo = t * p.n_heads * hd + h * hd;
     for (var c = 0u; c < PAIRS; c++) {
         let j = li + c * {{WG}}u;

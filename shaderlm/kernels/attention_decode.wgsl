@@ -13,6 +13,8 @@
 // splits to finish, found by an atomic count, merges them. With one split busy, nothing changes.
 // BATCH (a serving step): grid z is the batch row; each row has its own sequence, position, q, K/V
 // and output rows; PAGED: its cache rows are in its pages of the pool (paged.wgsl).
+// SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value:
+// applied once, where the last partials are merged (never in a split's partial).
 #include state
 #if PAGED
 #include paged
@@ -31,6 +33,16 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(4) var<storage, read_write> vc: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 @group(0) @binding(6) var<storage, read> inv_freq: array<f32>;
+#if SINKS
+@group(0) @binding(9) var<storage, read> sinks: array<f32>;
+#endif
+#if HEAD_NORM
+// HEAD_NORM (Qwen3): q and the new K RMS-normed per head (weights qn, kn) before RoPE, here rather
+// than in a dispatch of their own: every subgroup holds its head's whole q and k in registers.
+@group(0) @binding(13) var<storage, read> qn: array<f32>;
+@group(0) @binding(14) var<storage, read> kn: array<f32>;
+const HN_EPS: f32 = {{HN_EPS}};
+#endif
 #if SPLIT
 // per (head, split): m, l, then the hd unnormalised output values, as f32 bits
 @group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
@@ -88,6 +100,15 @@ fn merged_out(n: u32, j: u32) -> vec2<f32> {
     for (var g = 0u; g < n; g++) { o += sg_acc[g * (HD / 2u) + j] * sg_w[g]; }
     return o;
 }
+#if SINKS
+// The merged softmax (max m, sum l) with head `head`'s sink in its denominator: (the factor the
+// merged output and sum take, rescaled to the larger of m and the sink, and the new sum)
+fn with_sink(head: u32, m: f32, l: f32) -> vec2<f32> {
+    let mf = max(m, sinks[head]);
+    let keep = exp(m - mf);
+    return vec2<f32>(keep, l * keep + exp(sinks[head] - mf));
+}
+#endif
 
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
@@ -146,16 +167,38 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // all loads first (see the top)
     let fa$c = inv_freq[pa$c.x];
     let fb$c = inv_freq[pb$c.x];
-    let qa$c = qkv[qo + d$c];
-    let qb$c = qkv[qo + d$c + 1u];
-    let qpa$c = qkv[qo + pa$c.y];
-    let qpb$c = qkv[qo + pb$c.y];
-    let ka$c = qkv[ko + d$c];
-    let kb$c = qkv[ko + d$c + 1u];
-    let kpa$c = qkv[ko + pa$c.y];
-    let kpb$c = qkv[ko + pb$c.y];
+    var qa$c = qkv[qo + d$c];
+    var qb$c = qkv[qo + d$c + 1u];
+    var qpa$c = qkv[qo + pa$c.y];
+    var qpb$c = qkv[qo + pb$c.y];
+    var ka$c = qkv[ko + d$c];
+    var kb$c = qkv[ko + d$c + 1u];
+    var kpa$c = qkv[ko + pa$c.y];
+    var kpb$c = qkv[ko + pb$c.y];
     let vcur_f$c = vec2<f32>(qkv[vo + d$c], qkv[vo + d$c + 1u]);
 #end
+#if HEAD_NORM
+    var ssq = 0.0;
+    var ssk = 0.0;
+#unroll PAIRS c
+    if (j$c < half_hd) {
+        ssq += qa$c * qa$c + qb$c * qb$c;
+        ssk += ka$c * ka$c + kb$c * kb$c;
+    }
+#end
+    let rq = inverseSqrt(subgroupAdd(ssq) / f32(hd) + HN_EPS);
+    let rk = inverseSqrt(subgroupAdd(ssk) / f32(hd) + HN_EPS);
+#unroll PAIRS c
+    qa$c *= rq * qn[d$c];
+    qb$c *= rq * qn[d$c + 1u];
+    qpa$c *= rq * qn[pa$c.y];
+    qpb$c *= rq * qn[pb$c.y];
+    ka$c *= rk * kn[d$c];
+    kb$c *= rk * kn[d$c + 1u];
+    kpa$c *= rk * kn[pa$c.y];
+    kpb$c *= rk * kn[pb$c.y];
+#end
+#endif
 #unroll PAIRS c
     let live$c = j$c < half_hd;
     let q$c = select(vec2<f32>(0.0), p.scale * vec2<f32>(rotated(d$c, qa$c, qpa$c, fa$c, pa$c.z == 1u, qpos),
@@ -263,8 +306,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         let gm = merge_weights(li, n_split);
         let gl = merged_sum(n_split);
+#if SINKS
+        let sw = with_sink(wid.x, gm, gl);
+#endif
         for (var j = li; j < half_hd; j += {{WG}}u) {
+#if SINKS
+            let o = merged_out(n_split, j) * sw.x / sw.y;
+#else
             let o = merged_out(n_split, j) / gl;
+#endif
             out[h * hd + 2u * j] = o.x;
             out[h * hd + 2u * j + 1u] = o.y;
         }
@@ -272,8 +322,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         return;
     }
 #endif
+#if SINKS
+    let sw = with_sink(wid.x, mg, lg);
+#endif
     for (var j = li; j < half_hd; j += {{WG}}u) {
+#if SINKS
+        let o = merged_out(busy, j) * sw.x / sw.y;
+#else
         let o = merged_out(busy, j) / lg;
+#endif
         out[h * hd + 2u * j] = o.x;
         out[h * hd + 2u * j + 1u] = o.y;
     }

@@ -6,6 +6,7 @@
 // causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
 // Needs BQ * BK >= 256 and BQ * HD >= 1024 (ops.prefill_attention_tile).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
+// SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state
 #include kv_rows
 
@@ -16,6 +17,9 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(3) var<storage, read> kc: array<u32>;
 @group(0) @binding(4) var<storage, read> vc: array<u32>;
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
+#if SINKS
+@group(0) @binding(9) var<storage, read> sinks: array<f32>;
+#endif
 
 const WG: u32 = 256u;
 const BQ: u32 = {{BQ}}u;          // queries a workgroup
@@ -122,7 +126,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     }
     workgroupBarrier();
     if (qi < nq) {
+#if SINKS
+        // the sink's term in the denominator, rescaled to the larger of the row's max and the sink;
+        // the output by the same factor
+        let mf = max(row_m[qi], sinks[h]);
+        let keep = exp(row_m[qi] - mf);
+        let inv = keep / (row_l[qi] * keep + exp(sinks[h] - mf));
+#else
         let inv = 1.0 / row_l[qi];
+#endif
         let o = ((t0 + qi) * p.n_heads + h) * HD;
 #unroll OV o
         {

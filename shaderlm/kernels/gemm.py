@@ -51,17 +51,19 @@ def q8_tile(dev, rows: int, tokens: int) -> tuple[int, int]:
     return max(fits, key=lambda t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]))
 
 
-def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool) -> tuple[list[Dispatch], tuple]:
-    """x's rows (k floats each, at most `tokens` of them) as int8 blocks: the dispatch and its three buffers.
-    The buffers are scratch shared by every GEMM of this shape: plans run their dispatches in order."""
+def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool,
+                rows_per_token: int = 1) -> tuple[list[Dispatch], tuple]:
+    """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks: the
+    dispatch and its three buffers. The buffers are scratch shared by every GEMM of this shape: plans
+    run their dispatches in order."""
     nb = k // 32
     xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
     xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)
     xs = dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8)
     pipe = pipeline(dev, "quantize_q8")
-    bg = dev.bind_group(pipe, [dev.uniform(k, int(from_state_row), 0, 0), st, x, xq, xd, xs])
+    bg = dev.bind_group(pipe, [dev.uniform(k, int(from_state_row), rows_per_token, 0), st, x, xq, xd, xs])
     gx = cdiv(nb, 64)
-    return [Dispatch(pipe, bg, lambda n: (gx, n), label="quantize_q8")], (xq, xd, xs)
+    return [Dispatch(pipe, bg, lambda n: (gx, n * rows_per_token), label="quantize_q8")], (xq, xd, xs)
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -78,3 +80,40 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn: (gx, cdiv(n, bn)),
                             label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size))
     return out
+
+
+def expert_tiles(dev, ids, st, *, experts: int, slots: int, max_tokens: int, bn: int) -> tuple[Dispatch, tuple]:
+    """A prompt batch's (token, slot) pairs grouped by their expert (`ids`, `slots` a token) into tiles
+    of up to `bn` pairs of one expert (moe_tiles.wgsl): the dispatch and its (tiles, pairs) buffers."""
+    pairs = max_tokens * slots
+    tiles = dev.scratch(f"moe.tiles.{pairs}.{experts}.{bn}", 16 * (cdiv(pairs, bn) + experts))
+    order = dev.scratch(f"moe.pairs.{pairs}", 4 * pairs)
+    pipe = pipeline(dev, "moe_tiles", E=experts, K=slots, BN=bn)
+    return Dispatch(pipe, dev.bind_group(pipe, [st, ids, order, tiles]), (1, 1, 1), label="moe_tiles"), (tiles, order)
+
+
+def expert_matmul_q8(dev, w, experts: int, x, y, st, ids, *, slots: int, per_pair_x: bool, max_tokens: int,
+                     y_stride: int, bias=None, tile=None) -> list[Dispatch]:
+    """The int8 GEMM over a mixture of experts' stacked matrices (`experts` blocks of rows) for a prompt
+    batch: each expert's rows times the rows of the pairs that picked it (ids, `slots` a token), grouped
+    into tiles first. x rows: a token's (shared by its slots), or with `per_pair_x` a pair's own; y
+    rows: a pair's (token * slots + slot). Reads each picked expert once per tile of pairs."""
+    rows_e = w.rows // experts
+    share = cdiv(max_tokens * slots, experts)          # an expert's pairs, on average
+    tm, tv = tile or q8_tile(dev, rows_e, share)
+    if tile is None and share <= 64:
+        tv = 1                  # the narrowest tile: most experts fill few of its tokens
+    bn = 64 * tv
+    xrows = max_tokens * (slots if per_pair_x else 1)
+    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False,
+                             rows_per_token=slots if per_pair_x else 1)
+    group, (tiles, order) = expert_tiles(dev, ids, st, experts=experts, slots=slots, max_tokens=max_tokens, bn=bn)
+    c = w.chunks[0]
+    pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=False,
+                    EXPERTS=True, XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
+    params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
+    res = [params, None, c.buffer, *xbufs, y, bias, tiles, order]      # its tokens come from the tiles, not st
+    gx = cdiv(rows_e, 16 * tm)
+    grid = lambda n: (gx, cdiv(n * slots, bn) + min(experts, n * slots))      # noqa: E731  (tiles: moe_tiles.wgsl)
+    return out + [group, Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul_q8.{w.qtype.name}.experts",
+                                  bytes=c.buffer.size)]

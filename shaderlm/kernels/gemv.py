@@ -16,6 +16,7 @@ from ..gpu.tuner import Tunable
 from . import pipeline
 from .grid import cdiv, grid_1d
 from .tuning import tuned_shape
+from .weights import GPUWeight
 
 
 class GemvShape(NamedTuple):
@@ -207,6 +208,20 @@ def _bfly_defines(dev, rows: int, glu: bool, bfly, nt: int) -> dict:
                 **{f"BF_ARGS_{j}": args(j) for j in range(nt)})
 
 
+def act_defines(gelu: bool = False, act=None) -> dict:
+    """activation.wgsl's defines for the gated FFN's activation: SiLU, GELU-tanh (`gelu`, or act="gelu"),
+    or act=("oai", limit, alpha): gpt-oss's clamped SwiGLU. Without `act`, exactly the defines `gelu`
+    alone gave (the same pipelines)."""
+    if act is None or act == "silu":
+        return dict(ACT_GELU=bool(gelu))
+    if act == "gelu":
+        return dict(ACT_GELU=True)
+    kind, limit, alpha = act
+    if kind != "oai":
+        raise ValueError(f"unknown activation {act!r}")
+    return dict(ACT_GELU=False, ACT_OAI=True, LIMIT=float(limit), ALPHA=float(alpha))
+
+
 def _defines(w, c, rows: int, row0: int, *, y_stride: int, eps: float) -> dict:
     """gemv.wgsl's specialization for row-chunk `c` of `w` (rows of it computed from output row0)."""
     return dict(QUANT=w.qtype.kernel, WIDE=True, K=w.cols, NROWS=rows, ROW0=row0, DBASE=c.dbase,
@@ -220,22 +235,22 @@ def _grid(dev, n_groups: int, batch: int):
 
 
 def gemv(dev, w, x, y, *, y_stride, row0=0, accumulate=False, bias=None, norm=None, eps=0.0,
-         glu=False, gelu=False, shape=None, batch: int = 0, nt_max: int = 1) -> list[Dispatch]:
+         glu=False, gelu=False, act=None, shape=None, batch: int = 0, nt_max: int = 1) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t]: optionally x RMS-normed by `norm` first, a bias added, and
-    for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`) written. One token (or
-    as many as the grid's z), or `batch` tokens sharing each weight load.
+    for a [gate; up] weight the gated activation (`glu`, GELU with `gelu`, else `act`: act_defines)
+    written. One token (or as many as the grid's z), or `batch` tokens sharing each weight load.
     `shape`: a GemvShape (or a prefix of one); default the adapter's tuned one, else default_shape."""
     key = f"gemv {w.qtype.name} {w.rows}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + " int8x" * w.int8_x
     tune, sd = _tuning(dev, [w], key, glu, shape, lambda s: gemv(
         dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, norm=norm, eps=eps,
-        glu=glu, gelu=gelu, shape=s, batch=batch, nt_max=nt_max), batch, nt_max)
+        glu=glu, gelu=gelu, act=act, shape=s, batch=batch, nt_max=nt_max), batch, nt_max)
     out = []
     for c in w.chunks:
         rows = c.rows // 2 if glu else c.rows
         pipe = pipeline(dev, "gemv", **_defines(w, c, rows, row0 + c.row0, y_stride=y_stride, eps=eps), **sd,
                         BIAS=bias is not None, ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu,
-                        ACT_GELU=gelu)
+                        **act_defines(gelu, act))
         grid = _grid(dev, cdiv(rows, sd["ROWS"] * sd["GROUPS"]) * sd["TG"], batch)
         out.append(Dispatch(pipe, dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm]), grid,
                             label=f"gemv.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
@@ -260,3 +275,40 @@ def gemv_pair(dev, wa, wb, x, y, *, y_stride, norm=None, eps=0.0, shape=None, ba
     bg = dev.bind_group(pipe, [None, None, ca.buffer, x, y, None, norm, cb.buffer])
     return [Dispatch(pipe, bg, grid, label=f"gemv.{wa.qtype.name}+{wb.qtype.name}",
                      bytes=ca.buffer.size + cb.buffer.size, tune=tune)]
+
+
+def expert_gemv(dev, w, experts: int, x, y, ids, *, slots: int, y_stride: int, weights=None, norm=None,
+                eps=0.0, glu=False, gelu=False, act=None, bias=None, shape=None, batch: int = 0) -> list[Dispatch]:
+    """The decode GEMV over a mixture of experts' stacked matrices `w` (`experts` blocks of rows; with
+    `glu` each block is an expert's [gate; up]): for each token, its `slots` picked experts (ids[t *
+    slots + j] on the GPU) and nothing else read.
+    Without `weights`: row t * slots + j of y is expert j's output for token t (x row t).
+    With `weights`: y[t] += sum_j weights[t * slots + j] * (expert j of token t) . x[t * slots + j].
+    `bias`: per expert, indexed as its rows (with `glu` each expert's [gate; up] biases), added to the
+    expert's dot products before the activation and the weight (gpt-oss's experts).
+    One token (or as many as the grid's z), or `batch` tokens side by side in the grid."""
+    if len(w.chunks) != 1 or w.rows % experts:
+        raise ValueError(f"{w.name}: {experts} experts' rows must be in one binding")
+    rows_e = w.rows // experts
+    out_rows = rows_e // 2 if glu else rows_e
+    summed = weights is not None
+    # shapes are picked for the row a workgroup reduces: with `weights`, the token's experts' rows as one
+    view = GPUWeight(w.name, w.qtype, rows_e, w.cols * (slots if summed else 1), w.chunks, w.nbytes, w.int8_x, w.x24)
+    key = f"gemv {w.qtype.name} {rows_e}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
+        + f" experts{slots}" + " sum" * summed + " int8x" * w.int8_x
+    lanes = batch * (1 if summed else slots)
+    tune, sd = _tuning(dev, [view], key, glu, shape, lambda s: expert_gemv(
+        dev, w, experts, x, y, ids, slots=slots, y_stride=y_stride, weights=weights, norm=norm, eps=eps, glu=glu,
+        gelu=gelu, act=act, bias=bias, shape=s, batch=batch), lanes)
+    c = w.chunks[0]
+    pipe = pipeline(dev, "gemv", **_defines(w, c, out_rows, 0, y_stride=y_stride, eps=eps), **sd,
+                    E_BIAS=bias is not None, ACCUMULATE=summed, NORM=norm is not None, GLU=glu,
+                    **act_defines(gelu, act), EXPERTS=True, EXPERT_SUM=summed, ESLOTS=slots, EROWS=rows_e)
+    n_groups = cdiv(out_rows, sd["ROWS"] * sd["GROUPS"]) * sd["TG"]
+    gx, gy, _ = grid_1d(dev, n_groups)
+    z = 1 if summed else slots
+    grid = (gx, gy, 1) if batch else (lambda n: (gx, gy, n * z))
+    bg = dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm, None, ids, weights])
+    # what a token reads: its picked experts' rows only
+    return [Dispatch(pipe, bg, grid, label=f"gemv.{w.qtype.name}.experts", bytes=c.buffer.size * slots // experts,
+                     tune=tune)]

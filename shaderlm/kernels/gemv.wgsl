@@ -15,7 +15,8 @@
 // Fused variants, as matmul.wgsl: NORM (RMSNorm of x: the dots use x * w and are scaled by the
 // norm's 1/rms at the end; the sum of squares comes from the same x loads, since the workgroup's
 // chunks cover the row exactly once, and rides along the partial-sum reduction, so the norm adds no
-// step to the kernel), GLU (virtual row r = act(gate row r . x) * (up row rows + r . x)).
+// step to the kernel), GLU (virtual row r = glu_act(gate row r . x, up row rows + r . x)), and with
+// EXPERTS each expert's own bias (E_BIAS) before it.
 // Per-row values live in separate variables (#unroll): indexing a local array with a loop counter
 // put it in local memory on NVIDIA.
 #include quant_common
@@ -44,8 +45,31 @@ const B_p = P({{K}}u, {{NROWS_B}}u, {{ROW0_B}}u, {{DBASE_B}}u, {{Y_STRIDE}}u, {{
 #if BIAS
 @group(0) @binding(5) var<storage, read> bias: array<f32>;
 #endif
+#if E_BIAS
+// E_BIAS (EXPERTS): per-expert biases laid out as the weight rows (GLU: each expert's [gate; up]),
+// added to the row sums before the activation and the routing weight (write_y adds none)
+@group(0) @binding(5) var<storage, read> bias: array<f32>;
+#endif
 #if NORM
 @group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
+#endif
+#if EXPERTS
+// EXPERTS: w holds E experts' matrices one after another (EROWS rows each: GLU's gate and up rows
+// together), and a "token" is one of a token's ESLOTS picked experts: its id in e_ids, its x the
+// token's row. EXPERT_SUM: a token's picked experts' rows are one row of ESLOTS x K (its h rows,
+// t * ESLOTS + j, are consecutive in x), each chunk weighted by its expert's e_wts: the reduction
+// sums the weighted experts, and all the workgroup's lanes share the ESLOTS short rows.
+@group(0) @binding(8) var<storage, read> e_ids: array<u32>;
+@group(0) @binding(9) var<storage, read> e_wts: array<f32>;
+const ESLOTS: u32 = {{ESLOTS}}u;
+const EROWS: u32 = {{EROWS}}u;
+var<private> e_row0: u32;        // the current expert's first weight row
+var<private> e_slot0: u32;       // EXPERT_SUM: the token's first slot
+#endif
+#if EXPERT_SUM
+const VSLOTS: u32 = ESLOTS;      // rows of this many experts in one
+#else
+const VSLOTS: u32 = 1u;
 #endif
 
 // Per row, room for the partial sums of WG / 4 subgroups, and as many for GLU's up rows: subgroups
@@ -63,7 +87,24 @@ var<workgroup> norm_part: array<f32, NT * NPART>;
 // the calling thread's sum for that token (ss0, ss1, ..). A token past the batch reads the last
 // one's row (computed, not written).
 struct XRow { base: u32, j: u32 }
-fn x_row(t: u32, j: u32) -> XRow { return XRow(min(t, NB - 1u) * (p.k / 4u), j); }
+fn x_row(t: u32, j: u32) -> XRow {
+#if EXPERT_SUM
+    return XRow(min(t, NB - 1u) * ESLOTS * (p.k / 4u), j);
+#else
+#if EXPERTS
+    return XRow(min(t, NB - 1u) / ESLOTS * (p.k / 4u), j);
+#else
+    return XRow(min(t, NB - 1u) * (p.k / 4u), j);
+#endif
+#endif
+}
+fn expert_row0() -> u32 {
+#if EXPERTS
+    return e_row0;
+#else
+    return 0u;
+#endif
+}
 #if SG_BFLY
 const BFN: u32 = {{BFN}}u;       // the row sums a group reduces together (gemv_rows.wgsl), a power of 2
 const SGC: u32 = {{SGC}}u;       // the adapter's probed subgroup size: the butterfly's masks as constants
@@ -115,6 +156,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let t0 = (wid.z * TG + wg_i % TG) * NT;  // its first token
     let per = {{GROUPS}}u * {{ROWS}}u;       // rows per workgroup
     let wgs = (p.rows + per - 1u) / per;
+#if EXPERT_SUM
+    e_slot0 = min(t0, NB - 1u) * ESLOTS;
+#else
+#if EXPERTS
+    e_row0 = e_ids[min(t0, NB - 1u)] * EROWS;
+#endif
+#endif
     if (g < wgs) {
         rows(g * per, t0, li, lane, sg, nsg, sgsize);
     }

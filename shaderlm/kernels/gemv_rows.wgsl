@@ -15,7 +15,7 @@ fn rows(rbase0: u32, t0: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32
     let xrow$j = x_row(t0 + $ju, $ju);
     ss$j = 0.0;
 #end
-    let chunks = p.k / WQK * CPB;     // a row's chunks (CPB per wide block)
+    let chunks = VSLOTS * (p.k / WQK * CPB);     // a row's chunks (CPB per wide block; EXPERT_SUM: its experts')
 #if HOIST
     // HOIST: each lane's STEPS chunks (hc) are the same for every group, so their x is converted once,
     // before the groups. A step past the row's end reads x as zeros (x_on).
@@ -81,7 +81,7 @@ fn rows(rbase0: u32, t0: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32
     if (li + $uu * {{WG}}u < chunks) {
 #unroll ROWS
 #unroll NT j
-        acc$i_$j += chunk_dot(cw$u_$i, hc$u % CPB, xs$u_$j);
+        acc$i_$j += chunk_dot(cw$u_$i, hc$u % CPB, xs$u_$j) * chunk_weight(hc$u);
 #if GLU
         up$i_$j += chunk_dot(cu$u_$i, hc$u % CPB, xs$u_$j);
 #endif
@@ -117,7 +117,7 @@ fn rows(rbase0: u32, t0: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32
             let xs$j = x_chunk(xrow$j, b$u, cc$u);
 #endif
 #unroll ROWS
-            acc$i_$j += chunk_dot(cw$u_$i, cc$u, xs$j);
+            acc$i_$j += chunk_dot(cw$u_$i, cc$u, xs$j) * chunk_weight(c$u);
 #if GLU
             up$i_$j += chunk_dot(cu$u_$i, cc$u, xs$j);
 #endif
@@ -183,11 +183,27 @@ fn rows(rbase0: u32, t0: u32, li: u32, lane: u32, sg: u32, nsg: u32, sgsize: u32
 // The words of chunk c of row r (past the end: the last row, recomputed, its result unused) of the
 // weight, or with `up` = p.rows of GLU's up half.
 fn row_chunk(r: u32, up: u32, c: u32) -> CW {
-    return chunk_load((min(r, p.rows - 1u) + up) * (p.k / WQK) + c / CPB, c % CPB);
+#if EXPERT_SUM
+    let per = p.k / WQK * CPB;
+    let e = e_ids[e_slot0 + c / per];
+    let ce = c % per;
+    return chunk_load((e * EROWS + min(r, p.rows - 1u)) * (p.k / WQK) + ce / CPB, ce % CPB);
+#else
+    return chunk_load((expert_row0() + min(r, p.rows - 1u) + up) * (p.k / WQK) + c / CPB, c % CPB);
+#endif
+}
+
+// EXPERT_SUM: the routing weight of chunk c's expert (else 1)
+fn chunk_weight(c: u32) -> f32 {
+#if EXPERT_SUM
+    return e_wts[e_slot0 + c / (p.k / WQK * CPB)];
+#else
+    return 1.0;
+#endif
 }
 
 // The workgroup's row rr (row_i of the weight) for token t (its j-th) from its partial sums: the
-// norm's scale, the activation, the write.
+// norm's scale, an expert's bias (E_BIAS), the activation, the write.
 fn row_out(rr: u32, row_i: u32, t: u32, j: u32, nsg: u32) {
 #if SUBGROUPS
     let np = nsg;
@@ -210,8 +226,18 @@ fn row_out(rr: u32, row_i: u32, t: u32, j: u32, nsg: u32) {
     su *= scale;
 #endif
 #endif
+#if E_BIAS
+#if EXPERT_SUM
+    for (var k = 0u; k < ESLOTS; k++) { s += e_wts[e_slot0 + k] * bias[e_ids[e_slot0 + k] * EROWS + row_i]; }
+#else
+    s += bias[expert_row0() + row_i];
+#endif
 #if GLU
-    s = act(s) * su;
+    su += bias[expert_row0() + p.rows + row_i];
+#endif
+#endif
+#if GLU
+    s = glu_act(s, su);
 #endif
     let row = p.row0 + row_i;
     write_y(t * p.y_stride + row, row, s);

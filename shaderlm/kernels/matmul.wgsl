@@ -5,7 +5,7 @@
 // Fused variants (decode, where each dispatch costs more than its arithmetic):
 //   NORM: x is the residual stream; RMSNorm(x) * nw is applied on the fly (each workgroup
 //         recomputes the token's sum of squares: K floats, cheap next to the weight rows).
-//   GLU:  rows [0, rows) are gate, [rows, 2 rows) up; writes act(gate . x) * (up . x).
+//   GLU:  rows [0, rows) are gate, [rows, 2 rows) up; writes glu_act(gate . x, up . x) (activation.wgsl).
 #include quant_common
 #include {{QUANT}}
 #include reduce
@@ -101,7 +101,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         for (var t = 0u; t < TT; t++) {
             var s = lane_sum(acc[t]);
 #if GLU
-            s = act(s) * lane_sum(acc2[t]);
+            s = glu_act(s, lane_sum(acc2[t]));
 #endif
             if (lane == 0u && t0 + t < n) {
                 write_y((t0 + t) * p.y_stride + p.row0 + row, p.row0 + row, s);

@@ -24,6 +24,33 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 #if BIAS
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 #endif
+#if EXPERTS
+// EXPERTS: w holds each expert's p.rows rows one after another; a workgroup's tokens are one tile of
+// moe_tiles.wgsl: pairs of one expert, listed in `pairs` from tile.y. A pair's x row is its id / XDIV
+// (the token's, or the pair's own), its y row its id; the bias (per expert rows) follows the weight.
+@group(0) @binding(8) var<storage, read> tiles: array<vec4<u32>>;
+@group(0) @binding(9) var<storage, read> pairs: array<u32>;
+const XDIV: u32 = {{XDIV}}u;
+#endif
+var<private> e_w0: u32;          // EXPERTS: the tile's expert's first weight row
+var<private> e_p0: u32;          // EXPERTS: the tile's first index in pairs
+
+// token t of the workgroup's tokens: its row of x, and of y
+fn x_row(t: u32) -> u32 {
+#if EXPERTS
+    return pairs[e_p0 + t] / XDIV;
+#else
+    return t;
+#endif
+}
+fn put(t: u32, row: u32, v: f32) {
+    let yr = p.row0 + row;
+#if EXPERTS
+    write_y(pairs[e_p0 + t] * p.y_stride + yr, e_w0 + row, v);
+#else
+    write_y(t * p.y_stride + yr, yr, v);
+#endif
+}
 
 const BM: u32 = {{BM}}u;          // rows a workgroup: 16 TM
 const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
@@ -61,7 +88,7 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
     {
         let i = li + $eu * 256u;
         let row = r_base + i / 4u;
-        let v = iq8(min(row, p.rows - 1u) * bpr + k0 / QK, (k0 % QK) / 8u + i % 4u);
+        let v = iq8((e_w0 + min(row, p.rows - 1u)) * bpr + k0 / QK, (k0 % QK) / 8u + i % 4u);
         let ok = row < p.rows;
         t.w$e = IQ8(v.q, select(0.0, v.d, ok), select(0.0, v.m, ok));
     }
@@ -70,12 +97,12 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
 #unroll XL e
     {
         let i = li + $eu * 256u;
-        let tok = min(t_base + i / 2u, m - 1u);
+        let tok = x_row(min(t_base + i / 2u, m - 1u));
         t.x$e = xq[(tok * nb + step) * 2u + i % 2u];
     }
 #end
     let tok = t_base + li % BN;
-    let b = min(tok, m - 1u) * nb + step;
+    let b = x_row(min(tok, m - 1u)) * nb + step;
     let ok = tok < m;
     t.d = select(vec2<f32>(0.0), xd[b], ok);
     t.s = select(vec2<f32>(0.0), xs[b], ok);
@@ -131,11 +158,20 @@ fn i4(a: u32, b: vec4<u32>) -> vec4<i32> {
 
 @compute @workgroup_size(256)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+#if EXPERTS
+    let tile = tiles[wid.y];
+    let m = tile.z;
+    if (m == 0u) { return; }
+    e_w0 = tile.x * p.rows;
+    e_p0 = tile.y;
+    let t_base = 0u;
+#else
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let m = st.n - first;
-    let r_base = wid.x * BM;
     let t_base = wid.y * BN;
     if (t_base >= m) { return; }
+#endif
+    let r_base = wid.x * BM;
     let tr = li % 16u;
     let tc = li / 16u;
     let steps = p.k / 32u;
@@ -196,11 +232,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let row = r_base + (tr + $gu * 16u) * 4u + $cu;
         let t = t_base + (tc + $hu * 16u) * 4u;
         if (row < p.rows) {
-            let yr = p.row0 + row;
-            if (t < m) { write_y(t * p.y_stride + yr, yr, a$g$c$h.x); }
-            if (t + 1u < m) { write_y((t + 1u) * p.y_stride + yr, yr, a$g$c$h.y); }
-            if (t + 2u < m) { write_y((t + 2u) * p.y_stride + yr, yr, a$g$c$h.z); }
-            if (t + 3u < m) { write_y((t + 3u) * p.y_stride + yr, yr, a$g$c$h.w); }
+            if (t < m) { put(t, row, a$g$c$h.x); }
+            if (t + 1u < m) { put(t + 1u, row, a$g$c$h.y); }
+            if (t + 2u < m) { put(t + 2u, row, a$g$c$h.z); }
+            if (t + 3u < m) { put(t + 3u, row, a$g$c$h.w); }
         }
     }
 #end

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from ..gpu.plan import Dispatch
 from . import gemm, pipeline
-from .gemv import gemv, wide_ok
+from .gemv import act_defines, gemv, wide_ok
 from .grid import cdiv
 
 WG = 256            # threads per workgroup for the simple elementwise/row kernels
@@ -38,14 +38,14 @@ class Paging:
 
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
-           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False,
+           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None,
            tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
            nt_max: int = 1) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
     also fold in the RMSNorm of x (`norm`: the norm weight buffer) and, for a [gate; up] weight, the
-    gated activation (`glu`).
+    gated activation (`glu`; GELU with `gelu`, else `act`: gemv.act_defines).
     tt > 1: batched tokens, a tiled GEMM (gemm.py) when K allows and `tiled`: on int8 activations with
     `int8` where the type is quantized in blocks (x's rows, at most max_tokens (default tt) of them,
     quantized into scratch buffers), else f32; without `tiled`, matmul.wgsl taking tt tokens per pass
@@ -62,11 +62,11 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     if tt == 1 and not from_state_row and wide_ok(w):
         return gemv(dev, w, x, y, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
-                    norm=norm, eps=eps, glu=glu, gelu=gelu, batch=batch, nt_max=nt_max)
+                    norm=norm, eps=eps, glu=glu, gelu=gelu, act=act, batch=batch, nt_max=nt_max)
     wg = 256 if dev.has_subgroups else 64
     rows_per_wg = max(1, wg // dev.subgroup_size) if dev.has_subgroups else 1
     pipe = pipeline(dev, "matmul", QUANT=w.qtype.kernel, TT=tt, WG=wg, BIAS=bias is not None,
-                    ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, ACT_GELU=gelu)
+                    ACCUMULATE=accumulate, NORM=norm is not None, GLU=glu, **act_defines(gelu, act))
     lim = dev.limit("max-compute-workgroups-per-dimension", 65535)
     out = []
     for c in w.chunks:
@@ -80,10 +80,35 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     return out
 
 
+def moe_route(dev, logits, ids, weights, *, experts: int, k: int, renorm: bool, batch: int = 0) -> Dispatch:
+    """Each token's k experts with the largest router `logits` (rows of `experts` floats) into `ids`
+    and their weights into `weights` (k per token): the softmax over the k (`renorm`) or over all."""
+    wg = min(256, max(64, 1 << (experts - 1).bit_length()), dev.limit("max-compute-invocations-per-workgroup", 256))
+    if k > wg:
+        raise ValueError(f"{k} experts a token: at most {wg}")
+    pipe = pipeline(dev, "moe_route", E=experts, K=k, RNORM=renorm, WG=wg)
+    bg = dev.bind_group(pipe, [logits, ids, weights])
+    return Dispatch(pipe, bg, (batch, 1, 1) if batch else (lambda n: (n, 1, 1)), label="moe_route")
+
+
+def moe_combine(dev, y, weights, x, st, *, dim: int, slots: int, ids=None, bias=None) -> Dispatch:
+    """x[t] += sum_j weights[t, j] * y[t * slots + j] (+ the picked experts' down bias, by `ids`)."""
+    pipe = pipeline(dev, "moe_combine", K=slots, EXPERT_BIAS=bias is not None)
+    res = [dev.uniform(dim, 0, 0, 0), st, y, weights, x] + ([ids, bias] if bias is not None else [])
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (cdiv(dim, 256), n), label="moe_combine")
+
+
 def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False) -> Dispatch:
     pipe = pipeline(dev, "rmsnorm", WG=WG)
     bg = dev.bind_group(pipe, [dev.uniform(dim, int(from_state_row), float(eps), 0), st, x, w, y])
     return Dispatch(pipe, bg, lambda n: (n, 1), label="rmsnorm")
+
+
+def _sinks(sinks, defines: dict, res: list) -> tuple[dict, list]:
+    """A kernel's defines and bindings with attention sinks (SINKS: a logit per head at binding 9), or
+    as they are without."""
+    return ({**defines, "SINKS": True}, res + [None] * (9 - len(res)) + [sinks]) if sinks is not None \
+        else (defines, res)
 
 
 def _paged(paging, defines: dict, res: list) -> tuple[dict, list]:
@@ -118,7 +143,7 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
               neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0,
-              tiled: bool = True, prefill_tile=None) -> Dispatch:
+              tiled: bool = True, prefill_tile=None, sinks=None, head_norm=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
     applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
@@ -126,7 +151,10 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     `paging`: a paged cache; with its rows, `batch` rows of a serving step, each its own sequence.
     Unfused and unbatched, with `tiled` (prompt chunks): attention_prefill.wgsl with `prefill_tile`
     (queries, keys) or prefill_attention_tile's where one fits; else (a decode step's single query, on
-    adapters that do not fuse it) attention.wgsl, a workgroup a query."""
+    adapters that do not fuse it) attention.wgsl, a workgroup a query.
+    `sinks`: a buffer of one logit per head that joins each softmax's denominator and weighs no value
+    (gpt-oss's attention sinks). `head_norm`: (q weights, k weights, eps), Qwen3's per-head RMSNorm of
+    q and the new K, folded into the subgroup decode kernel (fused_head_norm says where)."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
@@ -142,25 +170,36 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         if splits > 1:
             res += [dev.scratch(f"attention partials {heads}x{splits}x{head_dim}", 4 * heads * splits * (2 + head_dim)),
                     dev.scratch(f"attention split counts {heads}", 4 * heads)]
-        defines, res = _paged(paging, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs), NEOX=neox,
-                                           UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits, MINK=min_keys,
-                                           MERGE=max(wg // sgs, splits)), res)
+        defines, res = _paged(paging, *_sinks(sinks, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
+                                                           NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits,
+                                                           MINK=min_keys, MERGE=max(wg // sgs, splits)), res))
+        if head_norm is not None:
+            q_w, k_w, eps = head_norm
+            defines, res = {**defines, "HEAD_NORM": True, "HN_EPS": float(eps)}, res + [None] * (13 - len(res)) + [q_w, k_w]
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
+    if head_norm is not None:
+        raise ValueError("the per-head norm folds into the subgroup decode kernel only (fused_head_norm)")
     tile = None if fused or not tiled or (paging and paging.rows is not None) else (
         prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
         bq, bk = tile
         h4 = head_dim // 4
-        defines, res = _paged(paging, dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256, OV=h4 * bq // 256,
-                                           BQ_H4=bq * h4, BK_KS=bk * (h4 + 1),
-                                           BK_H4=bk * h4, BQ_BK=bq * bk), [params, st, qkv, k_cache, v_cache, out])
+        defines, res = _paged(paging, *_sinks(sinks, dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256,
+                                                           OV=h4 * bq // 256, BQ_H4=bq * h4, BK_KS=bk * (h4 + 1),
+                                                           BK_H4=bk * h4, BQ_BK=bq * bk),
+                                              [params, st, qkv, k_cache, v_cache, out]))
         pipe = pipeline(dev, "attention_prefill", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, cdiv(n, bq)), label="attention_prefill")
-    defines, res = _paged(paging, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused, NEOX=neox),
-                          [params, st, qkv, k_cache, v_cache, out, inv_freq])
+    defines, res = _paged(paging, *_sinks(sinks, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused,
+                                                       NEOX=neox), [params, st, qkv, k_cache, v_cache, out, inv_freq]))
     pipe = pipeline(dev, "attention", **defines)
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
+
+
+def fused_head_norm(dev, fused_decode: bool) -> bool:
+    """attention() can fold a per-head norm in: the fused decode step on an adapter with subgroups."""
+    return fused_decode and dev.has_subgroups
 
 
 PREFILL_ATTENTION_TILES = ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32))     # (queries, keys), by preference
@@ -193,10 +232,12 @@ def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
     return wg, 4, max(1, min(16, 256 // n_heads)), 256
 
 
-def glu(dev, gate_up, out, st, *, ffn: int, gelu=False) -> Dispatch:
-    pipe = pipeline(dev, "glu", ACT_GELU=gelu)
-    bg = dev.bind_group(pipe, [dev.uniform(ffn, 0, 0, 0), st, gate_up, out])
-    return Dispatch(pipe, bg, lambda n: (cdiv(ffn, 256), n), label="glu")
+def glu(dev, gate_up, out, st, *, ffn: int, gelu=False, act=None, rows_per_token: int = 1) -> Dispatch:
+    """out rows = the gated activation of gate_up's [gate; up] rows (GELU with `gelu`, else `act`:
+    gemv.act_defines)."""
+    pipe = pipeline(dev, "glu", **act_defines(gelu, act))
+    bg = dev.bind_group(pipe, [dev.uniform(ffn, rows_per_token, 0, 0), st, gate_up, out])
+    return Dispatch(pipe, bg, lambda n: (cdiv(ffn, 256), n * rows_per_token), label="glu")
 
 
 def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, batch: int = 0) -> Dispatch:

@@ -3,7 +3,7 @@
 // (for the weights' offset terms). A thread per 32-element block: two runs.
 #include state
 
-struct P { k: u32, first_from_state: u32, _a: u32, _b: u32 }
+struct P { k: u32, first_from_state: u32, rows_per_token: u32, _b: u32 }   // rows_per_token: 0 reads as 1
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
@@ -18,7 +18,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let nb = p.k / 32u;
     let t = gid.y;
-    if (gid.x >= nb || t >= st.n - first) { return; }
+    if (gid.x >= nb || t >= (st.n - first) * max(p.rows_per_token, 1u)) { return; }
     let b = t * nb + gid.x;
     let o = b * 8u;
     var v: array<vec4<f32>, 8>;

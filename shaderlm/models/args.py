@@ -19,7 +19,9 @@ SIZE_KEYS = dict(n_layers="block_count / num_hidden_layers", dim="embedding_leng
                  n_heads="attention.head_count / num_attention_heads",
                  n_kv_heads="attention.head_count_kv / num_key_value_heads", head_dim="attention.key_length / head_dim",
                  ffn_dim="feed_forward_length / intermediate_size", vocab_size="vocab_size / the embedding's rows",
-                 context_length="context_length / max_position_embeddings")
+                 context_length="context_length / max_position_embeddings",
+                 n_experts="expert_count / num_experts", n_experts_used="expert_used_count / num_experts_per_tok",
+                 expert_ffn_dim="expert_feed_forward_length / moe_intermediate_size")
 
 
 @dataclass
@@ -43,6 +45,10 @@ class ModelArgs:
     attn_bias: bool = False   # Q/K/V biases
     qk_norm: bool = False     # per-head RMSNorm of Q and K before RoPE
     name: str = ""
+    n_experts: int = 0        # a mixture of experts' FFN: experts per layer (0: a dense FFN)
+    n_experts_used: int = 0   # experts each token's router picks
+    expert_ffn_dim: int = 0   # an expert's FFN size
+    expert_norm: bool = True  # the picked experts' weights renormalised to sum to 1 (else softmax over all)
     rope_scaling: dict = field(default_factory=dict)   # the file's rope.scaling.* keys (LongRoPE's)
 
     # transformers 5 may give RoPE settings per layer type: the one the global layers use
@@ -87,6 +93,15 @@ class ModelArgs:
             raise ModelFormatError(f"{where}: {bad} should be finite and positive")
         if self.sliding_window < 0:
             raise ModelFormatError(f"{where}: negative sliding window {self.sliding_window}")
+        if self.n_experts:
+            experts = dict(n_experts=self.n_experts, n_experts_used=self.n_experts_used,
+                           expert_ffn_dim=self.expert_ffn_dim)
+            bad = [k for k, v in experts.items() if not (isinstance(v, int) and v > 0)]
+            if bad:
+                raise ModelFormatError(f"{where}: {bad[0]} ({SIZE_KEYS[bad[0]]}) is {experts[bad[0]]}: a mixture of "
+                                       f"experts needs it positive")
+            if self.n_experts_used > self.n_experts:
+                raise ModelFormatError(f"{where}: {self.n_experts_used} experts used per token, of {self.n_experts}")
         if self.swa_layers is not None and len(self.swa_layers) != self.n_layers:
             raise ModelFormatError(f"{where}: {len(self.swa_layers)} sliding-window flags for {self.n_layers} layers")
 
@@ -106,7 +121,11 @@ class ModelArgs:
         if n_heads <= 0:
             raise ModelFormatError(f"{f.path}: {a}.attention.head_count is {n_heads}")
         head_dim = f.get_int(f"{a}.attention.key_length", 0) or dim // n_heads
+        n_experts = f.get_int(f"{a}.expert_count", 0)
+        expert_ffn = f.get_int(f"{a}.expert_feed_forward_length", 0)
         ffn = f.get_int(f"{a}.feed_forward_length", None)
+        if ffn is None and n_experts:
+            ffn = expert_ffn
         if ffn is None:
             t = f.tensors.get("blk.0.ffn_gate.weight") or f.tensors.get("blk.0.ffn_up.weight")
             if t is None:
@@ -151,7 +170,10 @@ class ModelArgs:
             rope_dim=f.get_int(f"{a}.rope.dimension_count", 0) or head_dim, rope_scale=rope_scale,
             tied="output.weight" not in f.tensors,
             attn_bias="blk.0.attn_q.bias" in f.tensors or "blk.0.attn_qkv.bias" in f.tensors,
-            qk_norm="blk.0.attn_q_norm.weight" in f.tensors, name=str(name), rope_scaling=scaling)
+            qk_norm="blk.0.attn_q_norm.weight" in f.tensors, name=str(name), rope_scaling=scaling,
+            n_experts=n_experts, n_experts_used=f.get_int(f"{a}.expert_used_count", 0) if n_experts else 0,
+            expert_ffn_dim=(expert_ffn or ffn) if n_experts else 0,
+            expert_norm=f.get_bool(f"{a}.expert_weights_norm", defaults["expert_norm"]))
 
     def write_gguf(self, w, arch: str):
         """This config's keys into a gguf.GGUFWriter (general.architecture = `arch`)."""
@@ -168,6 +190,11 @@ class ModelArgs:
         w.add_rope_freq_base(float(self.rope_base))
         w.add_layer_norm_rms_eps(float(self.rms_eps))
         w.add_vocab_size(self.vocab_size)
+        if self.n_experts:
+            w.add_expert_count(self.n_experts)
+            w.add_expert_used_count(self.n_experts_used)
+            w.add_expert_feed_forward_length(self.expert_ffn_dim)
+            w.add_expert_weights_norm(self.expert_norm)
         if self.rope_scale != 1.0:
             import gguf
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -222,7 +249,16 @@ class ModelArgs:
         name = h.get_str("_name_or_path", None) or os.path.basename(os.path.normpath(h.path))
         n_layers = h.layer_count("num_hidden_layers", "model.layers.")
         window, swa_layers = cls.hf_window(h, n_layers)
-        return dict(n_layers=n_layers, dim=dim, n_heads=n_heads,
+        n_experts = h.get_int("num_experts", 0) or h.get_int("num_local_experts", 0)
+        experts = {}
+        if n_experts:
+            experts = dict(n_experts=n_experts, n_experts_used=h.get_int("num_experts_per_tok"),
+                           expert_ffn_dim=h.get_int("moe_intermediate_size", 0) or h.get_int("intermediate_size"),
+                           expert_norm=h.get_bool("norm_topk_prob", True))
+            if h.get("mlp_only_layers") or h.get_int("decoder_sparse_step", 1) != 1:
+                raise UnsupportedError(f"{h.path}: dense layers among the expert layers (mlp_only_layers, "
+                                       f"decoder_sparse_step) are not supported")
+        return dict(**experts,n_layers=n_layers, dim=dim, n_heads=n_heads,
                     n_kv_heads=h.get_int("num_key_value_heads", n_heads), head_dim=head_dim,
                     ffn_dim=h.get_int("intermediate_size"), vocab_size=emb.shape[0], context_length=ctx,
                     rms_eps=h.get_float("rms_norm_eps", 1e-6), rope_base=float(rp["rope_theta"]),
@@ -260,7 +296,18 @@ class ModelArgs:
                 "num_hidden_layers": self.n_layers, "num_attention_heads": self.n_heads,
                 "num_key_value_heads": self.n_kv_heads, "head_dim": self.head_dim,
                 "max_position_embeddings": self.context_length, "rms_norm_eps": self.rms_eps,
-                "rope_theta": self.rope_base, "tie_word_embeddings": bool(self.tied), "hidden_act": "silu"}
+                "rope_theta": self.rope_base, "tie_word_embeddings": bool(self.tied), "hidden_act": "silu",
+                **({"num_experts": self.n_experts, "num_local_experts": self.n_experts,
+                    "num_experts_per_tok": self.n_experts_used, "moe_intermediate_size": self.expert_ffn_dim,
+                    "norm_topk_prob": self.expert_norm} if self.n_experts else {})}
+
+
+def hf_layer_types(h, n_layers: int) -> list | None:
+    """config.json's `layer_types` as sliding-window flags per layer (None where absent or short)."""
+    types = h.get("layer_types")
+    if isinstance(types, list) and len(types) >= n_layers:
+        return [t == "sliding_attention" for t in types[:n_layers]]
+    return None
 
 
 def hf_rope_params(h, layer_type: str | None = None) -> dict:

@@ -20,7 +20,7 @@ import numpy as np
 
 from ..errors import ModelFormatError, UnsupportedError
 from ..kernels import ops
-from .args import ModelArgs, hf_rope_params
+from .args import ModelArgs, hf_layer_types, hf_rope_params
 from .transformer import Transformer
 
 SWA_PATTERN = 6            # llama.cpp: every 6th layer is global, the other five use the sliding window
@@ -114,10 +114,8 @@ class Gemma3Args(ModelArgs):
 
     @classmethod
     def hf_window(cls, h, n_layers):
-        types = h.get("layer_types")
-        if isinstance(types, list) and len(types) >= n_layers:
-            swa = [t == "sliding_attention" for t in types[:n_layers]]
-        else:
+        swa = hf_layer_types(h, n_layers)
+        if swa is None:
             pattern = h.get_int("sliding_window_pattern", None) or h.get_int("_sliding_window_pattern", SWA_PATTERN)
             if pattern <= 0:
                 raise ModelFormatError(f"{h.where}: 'sliding_window_pattern' should be positive, got {pattern}")

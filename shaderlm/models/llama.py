@@ -1,5 +1,6 @@
-"""Llama 2/3/3.1/3.2, SmolLM2 (llama.cpp arch "llama"; LlamaForCausalLM) and Mistral
-(MistralForCausalLM, read as llama, as llama.cpp does). The layer is Transformer's own:
+"""Llama 2/3/3.1/3.2, SmolLM2 (llama.cpp arch "llama"; LlamaForCausalLM), Mistral (MistralForCausalLM,
+read as llama, as llama.cpp does) and Mixtral (MixtralForCausalLM; in a GGUF, llama with
+llama.expert_count: every FFN a mixture of experts, Transformer.moe_ops). The layer is Transformer's own:
 
     x += Wo . attn(rope(Wq . norm(x)), rope(Wk . norm(x)), Wv . norm(x))
     x += Wdown . (silu(Wgate . norm(x)) * Wup . norm(x))
@@ -25,8 +26,8 @@ class LlamaArgs(ModelArgs):
 
 class Llama(Transformer):
     gguf_arch = "llama"
-    hf_architectures = ("LlamaForCausalLM", "MistralForCausalLM")
-    hf_model_types = ("llama", "mistral")
+    hf_architectures = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+    hf_model_types = ("llama", "mistral", "mixtral")
     Args = LlamaArgs
     presets = {
         "smollm2-135m": dict(dim=576, n_layers=30, n_heads=9, n_kv_heads=3, ffn_dim=1536, vocab_size=49152,
@@ -37,9 +38,17 @@ class Llama(Transformer):
         "llama-3.1-8b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=128256,
                              context_length=131072, rope_base=500000.0, tokenizer="smollm2",
                              rope_freqs=LLAMA3_ROPE_8B),
+        "mixtral-8x7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, n_experts=8,
+                             n_experts_used=2, expert_ffn_dim=14336, vocab_size=32000, context_length=32768,
+                             rope_base=1000000.0),
         "mistral-7b": dict(dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336, vocab_size=32768,
                            context_length=32768, rope_base=1000000.0),
     }
+
+    hf_names = {**Transformer.hf_names, "blk.{i}.ffn_gate_inp.weight": "model.layers.{i}.block_sparse_moe.gate.weight"}
+    hf_expert_names = {"blk.{i}.ffn_gate_exps.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w1.weight",
+                       "blk.{i}.ffn_up_exps.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w3.weight",
+                       "blk.{i}.ffn_down_exps.weight": "model.layers.{i}.block_sparse_moe.experts.{j}.w2.weight"}
 
     @staticmethod
     def gguf_permuted_heads(name: str, args: ModelArgs) -> int | None:

@@ -151,6 +151,70 @@ def hf_name_map(cls, n_layers: int) -> dict[str, str]:
     return out
 
 
+def hf_expert_map(cls, n_layers: int, n_experts: int) -> dict[str, list[str]]:
+    """GGUF name of a stacked experts tensor -> the Hugging Face names of its experts, in order."""
+    if not n_experts:
+        return {}
+    return {g.format(i=i): [h.format(i=i, j=j) for j in range(n_experts)]
+            for g, h in cls.hf_expert_names.items() for i in range(n_layers)}
+
+
+class _Stack:
+    """Experts' matrices (safetensors tensors of one dtype and shape), read as one 2-D tensor of all
+    their rows (what rows_f32 and _quantized read)."""
+
+    def __init__(self, name: str, parts: list, path: str):
+        first = parts[0]
+        for st in parts:
+            if st.dtype != first.dtype or tuple(st.shape) != tuple(first.shape) or len(st.shape) != 2:
+                raise ModelFormatError(f"{path}: the experts of {name} differ in dtype or shape ({first.dtype} "
+                                       f"{tuple(first.shape)} and {st.dtype} {tuple(st.shape)})")
+        self.parts, self.dtype = parts, first.dtype
+        self.shape = (len(parts) * first.shape[0], first.shape[1])
+
+    @property
+    def data(self) -> np.ndarray:
+        return np.concatenate([np.asarray(st.data).reshape(-1) for st in self.parts])
+
+
+def _stacked(name: str, parts: list, path: str, q: str | None) -> HFTensor:
+    """One (experts, rows, cols) tensor from its experts' matrices, quantized to `q`'s type for it where asked."""
+    return _rows_tensor(name, (len(parts), *parts[0].shape), _Stack(name, parts, path), q)
+
+
+class HFDerived:
+    """Rows an architecture makes from a checkpoint's tensors (Transformer.hf_derived_tensors: gpt-oss's
+    fused experts split and transposed): their dtype, the 2-D shape of the rows, and their bytes made
+    on demand, as _Stack's (what rows_f32 and _quantized read)."""
+    _last: tuple = (None, None)     # the last one made: rows_f32 reads a tensor a chunk at a time
+
+    def __init__(self, dtype: str, shape: tuple, make):
+        self.dtype, self.shape, self._make = dtype, tuple(int(d) for d in shape), make
+
+    @property
+    def data(self) -> np.ndarray:
+        if HFDerived._last[0] is not self:
+            HFDerived._last = (None, None)          # one at a time in memory
+            HFDerived._last = (self, np.ascontiguousarray(self._make()).reshape(-1).view(np.uint8))
+        return HFDerived._last[1]
+
+    @classmethod
+    def of(cls, st, shape: tuple, fn) -> "HFDerived":
+        """From float safetensors tensor `st`, of its dtype: fn(its elements, flat, as same-size integers)
+        returns the rows' elements (a rearrangement: no arithmetic on them)."""
+        raw = {"F32": np.uint32, "F16": np.uint16, "BF16": np.uint16}[st.dtype]
+        return cls(st.dtype, shape, lambda: fn(np.asarray(st.data).view(raw)))
+
+
+def _rows_tensor(name: str, shape: tuple, st, q: str | None) -> HFTensor:
+    """A tensor of `shape` whose rows `st` holds (dtype, 2-D shape, data: a _Stack or HFDerived),
+    quantized to `q`'s type for it where asked (rows already quantized, MXFP4 experts, stay)."""
+    qt = target_type(name, shape, q, st.dtype) if q and st.dtype in FLOAT_DTYPES else st.dtype
+    if qt == st.dtype:
+        return HFTensor(name, qt, shape, st)
+    return HFTensor(name, qt, shape, st, make=lambda: _quantized(st, qt))
+
+
 def _open_hf(path: str, quantize: str | None) -> OpenedModel:
     from . import for_hf
     folder = HFFolder(path)
@@ -182,6 +246,17 @@ def _open_hf(path: str, quantize: str | None) -> OpenedModel:
             tensors[name] = HFTensor(name, st.dtype, st.shape, st)
     for name, vals in extra.items():
         tensors[name] = HFTensor(name, "F32", vals.shape, make=lambda v=vals: v.view(np.uint8))
+    for name, parts in hf_expert_map(cls, args.n_layers, args.n_experts).items():
+        missing = [h for h in parts if h not in folder.tensors]
+        if missing:
+            raise ModelFormatError(f"{path}: required tensor {missing[0]} ({name}) is missing")
+        for h in parts:
+            if folder.tensors[h].dtype not in FLOAT_DTYPES:
+                raise UnsupportedError(f"{path}: tensor '{h}' has dtype {folder.tensors[h].dtype}; shaderlm reads "
+                                       f"{', '.join(FLOAT_DTYPES)} checkpoints")
+        tensors[name] = _stacked(name, [folder.tensors[h] for h in parts], path, q)
+    for name, (shape, st) in cls.hf_derived_tensors(folder, args).items():
+        tensors[name] = _rows_tensor(name, shape, st, q)
     check_tensors(cls, args, tensors, path, hf_name=lambda g: names.get(g, g))
     with naming(path):
         tok = folder.tokenizer(args.vocab_size)

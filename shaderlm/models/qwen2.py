@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .args import ModelArgs
+from .args import ModelArgs, hf_layer_types
 from .transformer import Transformer
 
 
@@ -18,10 +18,7 @@ class Qwen2Args(ModelArgs):
     def hf_window(cls, h, n_layers):
         if not h.get("use_sliding_window"):
             return 0, None
-        types = h.get("layer_types")
-        swa = [t == "sliding_attention" for t in types[:n_layers]] \
-            if isinstance(types, list) and len(types) >= n_layers else None
-        return h.get_int("sliding_window", 0), swa
+        return h.get_int("sliding_window", 0), hf_layer_types(h, n_layers)
 
 
 class Qwen2(Transformer):

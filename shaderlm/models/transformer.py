@@ -15,12 +15,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from ..errors import ContextFullError, DeviceError, ModelFormatError
+from ..errors import ContextFullError, DeviceError, ModelFormatError, UnsupportedError
 from ..gpu.device import READBACK, STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
 from ..gpu.tuner import tune_plan
-from ..kernels import ops
-from ..kernels.gemv import can_pair, gemv_pair
+from ..kernels import gemm, ops
+from ..kernels.gemv import can_pair, expert_gemv, gemv_pair
 from ..kernels.quants import QUANT_TYPES
 from ..kernels.tuning import open_cache
 from ..kernels.weights import GPUWeight, concat_rows, dequantize, upload_weight
@@ -57,6 +57,7 @@ class Transformer:
     presets: dict = {}
     chat_template: str | None = None   # for files that carry none (else ChatML)
     gelu = False                  # the gated FFN's activation: GELU-tanh, else SiLU
+    ffn_act = None                # the experts' gated activation where another (gemv.act_defines: gpt-oss's)
     embed_scale = 1.0             # token embeddings are multiplied by this (a function of args where it varies)
 
     def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
@@ -104,9 +105,18 @@ class Transformer:
             out += [(p + "attn_q.bias", (a.q_dim,)), (p + "attn_k.bias", (a.kv_dim,)), (p + "attn_v.bias", (a.kv_dim,))]
         if a.qk_norm:
             out += [(p + "attn_q_norm.weight", (a.head_dim,)), (p + "attn_k_norm.weight", (a.head_dim,))]
-        return out + [(p + "attn_output.weight", (a.dim, a.q_dim)), (p + "ffn_norm.weight", (a.dim,)),
-                      (p + "ffn_gate.weight", (a.ffn_dim, a.dim)), (p + "ffn_up.weight", (a.ffn_dim, a.dim)),
-                      (p + "ffn_down.weight", (a.dim, a.ffn_dim))]
+        out += [(p + "attn_output.weight", (a.dim, a.q_dim)), (p + "ffn_norm.weight", (a.dim,))]
+        return out + cls.ffn_specs(a, p)
+
+    @classmethod
+    def ffn_specs(cls, a: ModelArgs, p: str) -> list[tuple[str, tuple]]:
+        """The FFN's tensors: gate, up, down; or a mixture of experts' router and stacked experts."""
+        if a.n_experts:
+            E, F = a.n_experts, a.expert_ffn_dim
+            return [(p + "ffn_gate_inp.weight", (E, a.dim)), (p + "ffn_gate_exps.weight", (E, F, a.dim)),
+                    (p + "ffn_up_exps.weight", (E, F, a.dim)), (p + "ffn_down_exps.weight", (E, a.dim, F))]
+        return [(p + "ffn_gate.weight", (a.ffn_dim, a.dim)), (p + "ffn_up.weight", (a.ffn_dim, a.dim)),
+                (p + "ffn_down.weight", (a.dim, a.ffn_dim))]
 
     hf_names = {
         "token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
@@ -126,6 +136,15 @@ class Transformer:
         "blk.{i}.ffn_up.weight": "model.layers.{i}.mlp.up_proj.weight",
         "blk.{i}.ffn_down.weight": "model.layers.{i}.mlp.down_proj.weight",
     }
+
+    # a mixture of experts' stacked tensors: GGUF name -> the Hugging Face name of expert {j}'s part
+    hf_expert_names: dict = {}
+
+    @classmethod
+    def hf_derived_tensors(cls, folder, args: ModelArgs) -> dict:
+        """Hook: tensors a Hugging Face folder holds in another layout (gpt-oss's fused experts): GGUF
+        name -> (shape, loading.HFDerived rows made from the folder's tensors)."""
+        return {}
 
     hf_norm_offset = 0.0          # Hugging Face stores RMSNorm weights minus this (where a norm scales by 1 + w)
 
@@ -159,11 +178,28 @@ class Transformer:
             w = upload_weight(self.dev, name, ts[0].type, ts[0].shape, ts[0].data)
         else:
             w = concat_rows(self.dev, "+".join(names), [(t.name, t.type, t.shape, t.data) for t in ts])
+        return self._uploaded(w, ts)
+
+    def _uploaded(self, w, ts):
         self.weight_bytes += w.nbytes
         w.int8_x = self.int8_act and w.qtype.int8_dot
         w.x24 = self.x24
         self._release(ts)
         return w
+
+    def expert_gate_up(self, p: str):
+        """Layer p's experts' gate and up matrices as one, each expert's [gate; up] rows together (what
+        the experts' GLU GEMV reads)."""
+        g, u = self.tensor(p + "ffn_gate_exps.weight"), self.tensor(p + "ffn_up_exps.weight")
+        if g.type != u.type:
+            raise UnsupportedError(f"{self.source.path}: {g.name} is {g.type} and {u.name} {u.type}: experts' gate "
+                                   f"and up of different types are not supported")
+        for t in (g, u):
+            self._tick(t)
+        E, F, D = g.shape
+        gd, ud = (np.asarray(t.data).reshape(E, -1) for t in (g, u))
+        parts = [(g.name, g.type, (F, D), x) for e in range(E) for x in (gd[e], ud[e])]
+        return self._uploaded(concat_rows(self.dev, p + "ffn_gate_up_exps", parts), [g, u])
 
     def _release(self, ts):
         """Tell the source the tensors are on the GPU (an HF folder drops their mapped pages)."""
@@ -201,13 +237,27 @@ class Transformer:
         bias = [self.vector(p + n, required=False) for n in ("attn_q.bias", "attn_k.bias", "attn_v.bias")]
         L.qkv_bias = self._bias_cat(bias) if any(b is not None for b in bias) else None
         L.wo = self.matrix(p + "attn_output.weight")
-        L.gate_up = self.gate_up_weights(p)
-        L.down = self.matrix(p + "ffn_down.weight")
+        self.load_ffn(L, p)
         L.q_norm = self.vector(p + "attn_q_norm.weight", required=False)
         L.k_norm = self.vector(p + "attn_k_norm.weight", required=False)
         if (L.q_norm is None) != (L.k_norm is None):
             raise ModelFormatError(f"{self.source.path}: layer {i} has only one of attn_q_norm / attn_k_norm")
         return L
+
+    def load_ffn(self, L, p: str):
+        """Hook: the FFN's weights: gate/up and down, or a mixture of experts' router and experts."""
+        L.experts_gate_up = L.router_bias = L.experts_gate_up_bias = L.experts_down_bias = None
+        if self.args.n_experts:
+            L.router = self.matrix(p + "ffn_gate_inp.weight")
+            L.experts_gate_up = self.expert_gate_up(p)
+            L.experts_down = self.matrix(p + "ffn_down_exps.weight")
+            for w in (L.experts_gate_up, L.experts_down):
+                if len(w.chunks) != 1:
+                    raise DeviceError(f"{w.name}: {w.nbytes:,} bytes, over {self.dev.name}'s binding limit of "
+                                      f"{self.dev.max_binding:,}: experts split over bindings are not supported")
+        else:
+            L.gate_up = self.gate_up_weights(p)
+            L.down = self.matrix(p + "ffn_down.weight")
 
     def qkv_weights(self, p: str) -> list:
         """Hook: layer p's Q, K, V projections (rows stacked in that order)."""
@@ -246,6 +296,15 @@ class Transformer:
         self.attn = dev.buffer(B * a.q_dim * f4, label="attn")
         self.gu = dev.buffer(B * 2 * a.ffn_dim * f4, label="gate_up")
         self.h = dev.buffer(B * a.ffn_dim * f4, label="ffn_h")
+        if a.n_experts:
+            K = a.n_experts_used
+            self.router_logits = dev.buffer(B * a.n_experts * f4, label="router_logits")
+            self.expert_ids = dev.buffer(B * K * 4, label="expert_ids")
+            self.expert_wts = dev.buffer(B * K * f4, label="expert_weights")
+            self.expert_h = dev.buffer(B * K * a.expert_ffn_dim * f4, label="expert_h")
+            if self.int8_prefill:           # the grouped GEMMs' per-pair outputs (grouped_expert_ops)
+                self.expert_gu = dev.buffer(B * K * 2 * a.expert_ffn_dim * f4, label="expert_gate_up")
+                self.expert_y = dev.buffer(B * K * a.dim * f4, label="expert_y")
         # logits for up to logit_rows tokens at once (one binding must hold them)
         self.logit_rows = max(1, min(B, dev.max_binding // (a.vocab_size * f4)))
         self.logit_buf = dev.buffer(self.logit_rows * a.vocab_size * f4, label="logits")
@@ -280,16 +339,19 @@ class Transformer:
         into the gate/up matmul: 5 dispatches a layer when Q/K/V and gate/up each share a type."""
         a, L = self.args, self.layers[i]
         decode = tt == 1 and self.fuse
-        ffn_fused = decode and len(L.gate_up) == 1 and len(L.gate_up[0].chunks) == 1
+        moe = L.experts_gate_up is not None
+        ffn_fused = decode and (moe or len(L.gate_up) == 1 and len(L.gate_up[0].chunks) == 1)
         out = []
         src, norm = self.norm_input(i, "attn", decode, out)
         out += self.qkv_projection(i, tt, src, norm, decode)
-        if L.q_norm is not None:
+        if L.q_norm is not None and not ops.fused_head_norm(self.dev, decode):
             out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.b.state, n_heads=a.n_heads,
                                      n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
         out += self.attention_ops(i, decode)
         out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm)
         src, norm = self.norm_input(i, "ffn", ffn_fused, out)
+        if moe:
+            return out + self.moe_ops(i, src, norm)
         out += self.ffn_ops(i, tt, src, norm, ffn_fused)
         last = decode or i + 1 == a.n_layers
         out += self.residual(i, "ffn", L.down, self.h, tt, next_norm=None if last else self.layers[i + 1].attn_norm)
@@ -339,8 +401,11 @@ class Transformer:
         inv_freq = p.pop("inv_freq")
         attn = dict(n_heads=a.n_heads, n_kv=a.n_kv_heads, head_dim=a.head_dim, paging=b.paging, **p)
         if decode:
+            L = self.layers[i]
+            hn = (L.q_norm, L.k_norm, a.rms_eps) if L.q_norm is not None and ops.fused_head_norm(dev, decode) else None
             return [ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn, inv_freq=inv_freq,
-                                  rope_dim=a.rope_dim, neox=a.rope_neox, shape=self.attention_shape, batch=b.batch)]
+                                  rope_dim=a.rope_dim, neox=a.rope_neox, shape=self.attention_shape, batch=b.batch,
+                                  head_norm=hn)]
         return [ops.rope_store(dev, self.qkv, inv_freq, b.k[i], b.v[i], b.state, n_heads=a.n_heads,
                                n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox,
                                paging=b.paging),
@@ -361,6 +426,50 @@ class Transformer:
             out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0)
             row0 += w.rows
         return out + [ops.glu(self.dev, self.gu, self.h, self.b.state, ffn=a.ffn_dim, gelu=self.gelu)]
+
+    def moe_ops(self, i: int, src, norm: dict) -> list:
+        """A mixture of experts' FFN, added into x: the router's logits, each token's top-k experts
+        and their weights (all on the GPU), the picked experts' gate/up GEMV with the activation, and
+        their down GEMV summed by weight into x. Only the picked experts' rows are read."""
+        a, L, b, dev = self.args, self.layers[i], self.b, self.dev
+        E, K = a.n_experts, a.n_experts_used
+        # the router (E rows) as the decode GEMV in prompts too, a token per grid z: the tiled GEMM
+        # would leave most of the GPU idle; and a token's routing is then the same in prompt and decode
+        out = self.matmul(L.router, src, self.router_logits, tt=1, y_stride=E, bias=L.router_bias, **norm)
+        out.append(ops.moe_route(dev, self.router_logits, self.expert_ids, self.expert_wts, experts=E, k=K,
+                                 renorm=a.expert_norm, batch=b.batch))
+        if self.grouped_experts(L):
+            return out + self.grouped_expert_ops(i)
+        out += expert_gemv(dev, L.experts_gate_up, E, src, self.expert_h, self.expert_ids, slots=K,
+                           y_stride=a.expert_ffn_dim, glu=True, gelu=self.gelu, act=self.ffn_act,
+                           bias=L.experts_gate_up_bias,
+                           batch=b.batch, **norm)
+        return out + expert_gemv(dev, L.experts_down, E, self.expert_h, self.x, self.expert_ids, slots=K,
+                                 y_stride=a.dim, weights=self.expert_wts, bias=L.experts_down_bias, batch=b.batch)
+
+    def grouped_experts(self, L) -> bool:
+        """A prompt batch's experts run as grouped int8 GEMMs (each picked expert read once per tile of
+        the tokens that picked it) where prompts take the int8 GEMM; else every (token, expert) pair
+        runs the decode GEMV (exact f32 activations, as the f32 prefill)."""
+        b = self.b
+        return (b.tt > 1 and b.tiled and self.int8_prefill and not b.batch
+                and all(w.qtype.blocked and w.cols % 32 == 0 for w in (L.experts_gate_up, L.experts_down)))
+
+    def grouped_expert_ops(self, i: int) -> list:
+        """The experts of a prompt batch on the grouped int8 GEMM (kernels/gemm.py expert_matmul_q8):
+        gate/up rows of every (token, expert) pair, the activation, down rows of every pair, and the
+        pairs summed by weight into x (x is normed into xn: a prompt's FFN input)."""
+        a, L, dev, st = self.args, self.layers[i], self.dev, self.b.state
+        E, K, F = a.n_experts, a.n_experts_used, a.expert_ffn_dim
+        kw = dict(slots=K, max_tokens=self.batch)
+        out = gemm.expert_matmul_q8(dev, L.experts_gate_up, E, self.xn, self.expert_gu, st, self.expert_ids,
+                                    per_pair_x=False, y_stride=2 * F, bias=L.experts_gate_up_bias, **kw)
+        out.append(ops.glu(dev, self.expert_gu, self.expert_h, st, ffn=F, gelu=self.gelu, act=self.ffn_act,
+                           rows_per_token=K))
+        out += gemm.expert_matmul_q8(dev, L.experts_down, E, self.expert_h, self.expert_y, st, self.expert_ids,
+                                     per_pair_x=True, y_stride=a.dim, **kw)
+        return out + [ops.moe_combine(dev, self.expert_y, self.expert_wts, self.x, st, dim=a.dim, slots=K,
+                                      ids=self.expert_ids, bias=L.experts_down_bias)]
 
     # ---- plans ---------------------------------------------------------------------------------
     def head_ops(self, tt: int, decode: bool = False) -> list:

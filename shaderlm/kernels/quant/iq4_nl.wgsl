@@ -11,4 +11,5 @@ const KV3: u32 = 0x71594535u;
 
 fn block_d(blk: u32) -> f32 { return split_d(blk); }
 
+#include quant/table4
 #include quant/table4_32

@@ -4,11 +4,7 @@
 const QK: u32 = 32u;
 const QW: u32 = 5u;
 
-// 4 bits h3..h0 -> bit 4 of bytes 3..0 (the multiply places copies of h at bits 0, 7, 14, 21;
-// no copies overlap, so no carries).
-fn q5_hbits(h: u32) -> u32 {
-    return ((h * 0x00204081u) & 0x01010101u) << 4u;
-}
+#include quant/q5_bits
 
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
@@ -30,3 +26,30 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
     let d = split_d(blk);
     return IQ8(q8w(blk, j), d, -16.0 * d);
 }
+
+#if WIDE
+const WQK: u32 = QK;          // elements per wide block
+const CPB: u32 = 1u;
+fn x_chunk(r: XRow, b: u32, c: u32) -> array<vec4<f32>, 8> { return x_runs2(r, b * 8u, b * 8u + 4u); }
+// A block's 5 words (from word 5 blk) start at word s = blk & 3 of a vec4 and end in the next: both vec4s
+// are loaded, and the shifting left to chunk_dot so that a lane's loads of all its rows go out together.
+// ds: d's f16 bits with s above them (s needs no field of its own).
+struct CW { a: vec4<u32>, b: vec4<u32>, ds: u32 }
+fn chunk_load(blk: u32, c: u32) -> CW {
+    let o = (blk * 5u) >> 2u;
+    let v = word(p.dbase + (blk >> 1u));
+    return CW(w[o], w[o + 1u], (select(v, v >> 16u, (blk & 1u) == 1u) & 0xFFFFu) | ((blk & 3u) << 16u));
+}
+fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
+    // the 8 loaded words shifted by s: by 2, then by 1 (selects: no dynamically indexed vector)
+    let s = cw.ds >> 16u;
+    let t = select(cw.a, vec4<u32>(cw.a.zw, cw.b.xy), s >= 2u);
+    let u = select(cw.b.xy, cw.b.zw, s >= 2u);
+    let odd = (s & 1u) == 1u;
+    let qh = select(t.x, t.y, odd);
+    let q = select(vec4<u32>(t.yzw, u.x), vec4<u32>(t.zw, u), odd);
+    let sq = q5_dot(q, qh, xr);
+    let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
+    return unpack2x16float(cw.ds).x * (sq - 16.0 * xs);      // the low half: d
+}
+#endif

@@ -4,10 +4,7 @@
 const QK: u32 = 32u;
 const QW: u32 = 4u;
 
-// 4 bits h3..h0 -> bit 4 of bytes 3..0 (copies of h at bits 0, 7, 14, 21; no carries).
-fn q5_hbits(h: u32) -> u32 {
-    return ((h * 0x00204081u) & 0x01010101u) << 4u;
-}
+#include quant/q5_bits
 
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
@@ -38,15 +35,7 @@ fn chunk_load(blk: u32, c: u32) -> CW { return CW(w[blk], word(p.dbase + blk * 2
 fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 8>) -> f32 {
     let q = cw.q;
     let dm = unpack2x16float(cw.dm);
-    let qh = cw.qh;
-    // bit 4 of element e (byte e & 3 of word e >> 2, low nibbles for e < 16) is bit e of qh;
-    // q5_hbits puts each word's 4 bits at bit 4 of its bytes, which nib_hi takes as they are
-    let hl = vec4<u32>(q5_hbits(qh & 15u), q5_hbits((qh >> 4u) & 15u), q5_hbits((qh >> 8u) & 15u),
-                       q5_hbits((qh >> 12u) & 15u));
-    let hh = vec4<u32>(q5_hbits((qh >> 16u) & 15u), q5_hbits((qh >> 20u) & 15u), q5_hbits((qh >> 24u) & 15u),
-                       q5_hbits(qh >> 28u));
-    let s = dot_u8(nib_hi(q, 0u, hl, 4u, 0x01010101u), xr[0], xr[1], xr[2], xr[3])
-          + dot_u8(nib_hi(q, 4u, hh, 4u, 0x01010101u), xr[4], xr[5], xr[6], xr[7]);
+    let s = q5_dot(q, cw.qh, xr);
     let xs = hsum(xr[0] + xr[1] + xr[2] + xr[3] + xr[4] + xr[5] + xr[6] + xr[7]);
     return dm.x * s + dm.y * xs;
 }

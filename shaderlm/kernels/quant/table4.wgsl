@@ -1,5 +1,5 @@
-// 4-bit indices into a table of 16 signed bytes (IQ4_NL, IQ4_XS, MXFP4): the decoder that includes
-// this sets KV0..KV3, the table as bytes, 4 a word.
+// 4-bit indices into a table of 16 signed bytes (IQ4_NL, IQ4_XS): the decoder that includes this sets
+// KV0..KV3, the table as bytes, 4 a word.
 
 // A word of 4 indices (bytes 0..15) -> the word of their 4 table values (int8 bytes): each byte picks
 // its table word with two selects (no array indexing) and its byte with a shift.
@@ -12,15 +12,4 @@ fn kv_bytes(v: u32) -> u32 {
     return b.x | b.y | b.z | b.w;
 }
 
-#if WIDE
-// 16 indices (the nibble at bit sh of each byte of q) -> their table values as signed bytes.
-fn kv16(q: vec4<u32>, sh: u32) -> vec4<u32> {
-    let n = nib(q, sh);
-    return vec4<u32>(kv_bytes(n.x), kv_bytes(n.y), kv_bytes(n.z), kv_bytes(n.w));
-}
-#if !INT_DOT
-fn dot_i8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f32>) -> f32 {
-    return dot(i8x4(b.x), x0) + dot(i8x4(b.y), x1) + dot(i8x4(b.z), x2) + dot(i8x4(b.w), x3);
-}
-#endif
-#endif
+#include quant/nibble_values

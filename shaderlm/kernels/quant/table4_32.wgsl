@@ -1,7 +1,7 @@
 // A block of 32 4-bit indices into a table of 16 signed bytes times the block's scale (IQ4_NL,
-// MXFP4): the decoder that includes this sets KV0..KV3 (quant/table4) and block_d(blk). Elements
-// 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones (as Q4_0).
-#include quant/table4
+// MXFP4): the decoder that includes this provides kv_bytes (quant/table4, or its own) and
+// block_d(blk). Elements 0-15 are the low nibbles of the block's 16 bytes, 16-31 the high ones (as Q4_0).
+#include quant/nibble_values
 
 #include quant/nibbles32
 
