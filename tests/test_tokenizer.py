@@ -415,3 +415,23 @@ def test_gguf_path_is_named_in_errors(tmp_path):
     _write_gguf(path, {"general.architecture": "llama", "tokenizer.ggml.tokens": ["a", "b"]})
     with pytest.raises(ModelFormatError, match="nomodel.gguf.*tokenizer.ggml.model"):
         Tokenizer.from_gguf(path)
+
+
+def test_gpt4o_pre_tokenizer_matches_tokenizers():
+    """tokenizer.ggml.pre "gpt-4o" (gpt-oss's o200k split: letter runs break at case changes, digits
+    in threes), on SmolLM2's vocabulary, against the `tokenizers` library given the same split rule and
+    vocabulary (its own regex engine)."""
+    from tokenizers import Regex, Tokenizer as HFTok, decoders, models, pre_tokenizers
+    from shaderlm.formats.tokenizer import _GPT4O
+
+    meta = read_gguf_metadata(_smollm2_path())
+    ours = Tokenizer.from_metadata(dict(meta, **{"tokenizer.ggml.pre": "gpt-4o"}))
+    tokens = list(meta["tokenizer.ggml.tokens"])
+    merges = [tuple(m.split(" ", 1)) for m in meta["tokenizer.ggml.merges"]]
+    ref = HFTok(models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges))
+    ref.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(_GPT4O), behavior="isolated"),
+                                                 pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    ref.decoder = decoders.ByteLevel()
+    for text in ["HelloWorld and camelCaseWords, XMLHttpRequest", "1234567 is 12 345 67", "don't WON'T it's",
+                 "line one\n\n  line two\r\n\ttabbed  /path/to\n", "Ünïcödé ÀÉÎ naïve café 東京 ۱۲۳", "a  b   c    "]:
+        assert ours.encode(text) == ref.encode(text, add_special_tokens=False).ids, text

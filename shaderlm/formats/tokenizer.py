@@ -406,6 +406,10 @@ _LLAMA3 = (_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}
            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2 = (_CONTRACTIONS_CI + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
           r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+# OpenAI's o200k split (gpt-oss, GPT-4o): letter runs break at case changes, digits in threes
+_GPT4O = (r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+" + _CONTRACTIONS_CI + "?"
+          r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*" + _CONTRACTIONS_CI + "?"
+          r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _DEEPSEEK_LLM = [  # letters: llama.cpp's explicit ranges (escaped so that no editor normalises them)
     "[\r\n]",
     ("\\s?[A-Za-z\u00b5\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-\u0373"
@@ -440,6 +444,7 @@ for _names, _spec in [
     (("dbrx", "smaug-bpe"), ([_LLAMA3], False, False)),
     (("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2", "hunyuan"), ([_QWEN2], False, False)),
     (("deepseek-llm",), (_DEEPSEEK_LLM, False, False)),
+    (("gpt-4o",), ([_GPT4O], False, False)),
 ]:
     for _n in _names:
         _PRE_TOKENIZERS[_n] = _spec
