@@ -522,7 +522,12 @@ def hf_tensor_plan(s: Synthetic) -> list[tuple[str, tuple[int, ...]]]:
     """[(Hugging Face name, shape)] of a synthetic model."""
     names = hf_name_map(s.arch, s.args.n_layers)
     experts = hf_expert_map(s.arch, s.args.n_layers, s.args.n_experts)
-    return [(h, shape[1:]) if g in experts else (names[g], shape) for g, shape in s.arch.tensor_specs(s.args)
+    specs = s.arch.tensor_specs(s.args)
+    unnamed = [g for g, _ in specs if g not in names and g not in experts]
+    if unnamed:         # stored in another layout in a folder (gpt-oss's fused experts): hf_derived_tensors
+        raise ValueError(f"synthetic Hugging Face folders of {s.arch.gguf_arch} are not supported ({unnamed[0]} has "
+                         f"no tensor of its own there): write a GGUF (--format gguf)")
+    return [(h, shape[1:]) if g in experts else (names[g], shape) for g, shape in specs
             for h in experts.get(g, [None])]
 
 

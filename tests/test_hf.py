@@ -452,7 +452,7 @@ def test_synthetic_hf_folder_sharded(tmp_path):
     assert np.abs(la - lb).max() <= REL_TOL * np.abs(la).max()
 
 
-@pytest.mark.parametrize("arch", ["phi3", "gemma3", "qwen2"])
+@pytest.mark.parametrize("arch", ["phi3", "gemma3", "qwen2", "qwen3moe"])
 def test_synthetic_gguf_and_hf_load(synth_gguf, tmp_path, arch):
     """synth writes loadable GGUF and HF models for every architecture (phi3 GGUF: fused tensors)."""
     kw = dict(rope_factors=dict(long=[2.0] * 12, short=[1.0] * 12, original_context_length=32)) if arch == "phi3" else {}
@@ -464,6 +464,12 @@ def test_synthetic_gguf_and_hf_load(synth_gguf, tmp_path, arch):
         out = m.generate_tokens([5, 6, 7], 4, stop_at_eos=False)
         assert len(out) == 4
         assert np.isfinite(m.logits([5, 6, 7])).all()
+
+
+def test_synthetic_hf_gpt_oss_refused(tmp_path):
+    """gpt-oss stores its experts fused in a folder: the synthetic HF writer says so instead of failing."""
+    with pytest.raises(ValueError, match="gpt-oss are not supported.*--format gguf"):
+        write_synthetic_hf(tmp_path / "g", arch="gpt-oss", preset="tiny")
 
 
 @pytest.mark.parametrize("preset,params", [("llama-3.2-1b", 1.236e9), ("llama-3.1-8b", 8.03e9),
