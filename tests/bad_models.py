@@ -291,6 +291,9 @@ def _bases() -> dict[str, Callable[[str], str]]:
         "gemma3": lambda p: write_synthetic_gguf(os.path.join(p, MODEL_FILE), preset="tiny", arch="gemma3",
                                                  quant="Q8_0"),
         # 64 layers: per-layer buffers that fit one by one and not all together
+        # 8 experts, 2 picked a token, expert FFN 64; the router F32, the rest Q8_0
+        "qwen3moe": lambda p: write_synthetic_gguf(os.path.join(p, MODEL_FILE), preset="tiny", arch="qwen3moe",
+                                                   quant="Q8_0"),
         "llama64": lambda p: write_synthetic_gguf(os.path.join(p, MODEL_FILE), preset="tiny", arch="llama",
                                                   quant="Q8_0", n_layers=64),
         "hf": lambda p: write_synthetic_hf(os.path.join(p, HF_DIR), preset="tiny", arch="llama", dtype="BF16"),
@@ -714,6 +717,15 @@ def _cases() -> list[Case]:
           kv("{a}.attention.key_length", U32, BIG), expect=("key_length|head_dim|attn_q",)),
         C("gguf-feed-forward-length-zero", "llama", "{a}.feed_forward_length = 0 (ffn tensors are 160)",
           kv("{a}.feed_forward_length", U32, 0), expect=("feed_forward_length",)),
+        # ---- mixtures of experts ------------------------------------------------------------------------
+        C("gguf-experts-used-over-count", "qwen3moe", "{a}.expert_used_count = 9 of 8 experts",
+          kv("{a}.expert_used_count", U32, 9), expect=("experts used|expert",)),
+        C("gguf-experts-used-zero", "qwen3moe", "{a}.expert_used_count = 0",
+          kv("{a}.expert_used_count", U32, 0), expect=("expert_used_count",)),
+        C("gguf-experts-no-router", "qwen3moe", "blk.0.ffn_gate_inp.weight (the router) is missing",
+          drop_tensor("blk.0.ffn_gate_inp.weight"), expect=("ffn_gate_inp",)),
+        C("gguf-expert-ffn-mismatch", "qwen3moe", "{a}.expert_feed_forward_length = 32 (the experts are 64)",
+          kv("{a}.expert_feed_forward_length", U32, 32), expect=("ffn_gate_exps|ffn_down_exps",)),
         C("gguf-rms-eps-negative", "llama", "{a}.attention.layer_norm_rms_epsilon = -1e-5",
           kv("{a}.attention.layer_norm_rms_epsilon", F32, -1e-5), expect=("epsilon|rms",)),
         C("gguf-rms-eps-nan", "llama", "{a}.attention.layer_norm_rms_epsilon = NaN",

@@ -101,7 +101,8 @@ class ModelArgs:
                 raise ModelFormatError(f"{where}: {bad[0]} ({SIZE_KEYS[bad[0]]}) is {experts[bad[0]]}: a mixture of "
                                        f"experts needs it positive")
             if self.n_experts_used > self.n_experts:
-                raise ModelFormatError(f"{where}: {self.n_experts_used} experts used per token, of {self.n_experts}")
+                raise ModelFormatError(f"{where}: {self.n_experts_used} experts used per token "
+                                       f"({SIZE_KEYS['n_experts_used']}), more than the {self.n_experts} experts")
         if self.swa_layers is not None and len(self.swa_layers) != self.n_layers:
             raise ModelFormatError(f"{where}: {len(self.swa_layers)} sliding-window flags for {self.n_layers} layers")
 
