@@ -136,8 +136,10 @@ def test_expert_matmul_q8(qtype, rows, cols, n, per_pair):
     x = rng.standard_normal((xr, cols)).astype(np.float32)
     x[0, :32] = 0.0
     y = dev.buffer(4 * T * K * rows)
-    run(dev, gemm.expert_matmul_q8(dev, w, E, dev.upload(x), y, state(dev, n=n), dev.upload(ids.reshape(-1)),
-                                   slots=K, per_pair_x=per_pair, max_tokens=T, y_stride=rows), n)
+    st = state(dev, n=n)
+    group, groups = gemm.expert_groups(dev, dev.upload(ids.reshape(-1)), st, experts=E, slots=K, max_tokens=T)
+    run(dev, [group] + gemm.expert_matmul_q8(dev, w, E, dev.upload(x), y, st, groups, slots=K,
+                                             per_pair_x=per_pair, max_tokens=T, y_stride=rows), n)
     xq, slack = q8_rounded(x)
     src = (np.arange(n * K) if per_pair else np.repeat(np.arange(n), K)).reshape(n, K)
     want = np.einsum("tkrc,tkc->tkr", W[ids], xq[src])

@@ -40,11 +40,11 @@ def q8_workgroup_bytes(tm: int, tv: int) -> int:
     return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
 
 
-def q8_tile(dev, rows: int, tokens: int) -> tuple[int, int]:
+def q8_tile(dev, rows: int, tokens: int, tv: int | None = None) -> tuple[int, int]:
     """The first tile that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one
-    leaving the most), within the adapter's workgroup memory."""
+    leaving the most), within the adapter's workgroup memory; of token width `tv` where given."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
-    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room]
+    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room and tv in (None, t[1])]
     for tm, tv in fits:
         if cdiv(rows, 16 * tm) * cdiv(tokens, 64 * tv) >= MIN_WORKGROUPS:
             return tm, tv
@@ -82,32 +82,33 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     return out
 
 
-def expert_tiles(dev, ids, st, *, experts: int, slots: int, max_tokens: int, bn: int) -> tuple[Dispatch, tuple]:
+def expert_groups(dev, ids, st, *, experts: int, slots: int, max_tokens: int) -> tuple[Dispatch, tuple]:
     """A prompt batch's (token, slot) pairs grouped by their expert (`ids`, `slots` a token) into tiles
-    of up to `bn` pairs of one expert (moe_tiles.wgsl): the dispatch and its (tiles, pairs) buffers."""
+    of up to 64 TV pairs of one expert (moe_tiles.wgsl), for every expert GEMM of the layer: the dispatch
+    and (tiles, pairs, TV). TV 1 where an expert sees 64 pairs or fewer on average: most fill little of a tile."""
     pairs = max_tokens * slots
+    tv = 1 if cdiv(pairs, experts) <= 64 else 2
+    bn = 64 * tv
     tiles = dev.scratch(f"moe.tiles.{pairs}.{experts}.{bn}", 16 * (cdiv(pairs, bn) + experts))
     order = dev.scratch(f"moe.pairs.{pairs}", 4 * pairs)
     pipe = pipeline(dev, "moe_tiles", E=experts, K=slots, BN=bn)
-    return Dispatch(pipe, dev.bind_group(pipe, [st, ids, order, tiles]), (1, 1, 1), label="moe_tiles"), (tiles, order)
+    return Dispatch(pipe, dev.bind_group(pipe, [st, ids, order, tiles]), (1, 1, 1), label="moe_tiles"), (tiles, order, tv)
 
 
-def expert_matmul_q8(dev, w, experts: int, x, y, st, ids, *, slots: int, per_pair_x: bool, max_tokens: int,
-                     y_stride: int, bias=None, tile=None) -> list[Dispatch]:
+def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: int, per_pair_x: bool,
+                     max_tokens: int, y_stride: int, bias=None, tm=None) -> list[Dispatch]:
     """The int8 GEMM over a mixture of experts' stacked matrices (`experts` blocks of rows) for a prompt
-    batch: each expert's rows times the rows of the pairs that picked it (ids, `slots` a token), grouped
-    into tiles first. x rows: a token's (shared by its slots), or with `per_pair_x` a pair's own; y
-    rows: a pair's (token * slots + slot). Reads each picked expert once per tile of pairs."""
+    batch: each expert's rows times the rows of the pairs that picked it, in the tiles of `groups`
+    (expert_groups). x rows: a token's (shared by its slots), or with `per_pair_x` a pair's own; y
+    rows: a pair's (token * slots + slot). Reads each picked expert once per tile of pairs. `tm`: the
+    rows a thread (default q8_tile's, for the tiles' TV)."""
+    tiles, order, tv = groups
     rows_e = w.rows // experts
-    share = cdiv(max_tokens * slots, experts)          # an expert's pairs, on average
-    tm, tv = tile or q8_tile(dev, rows_e, share)
-    if tile is None and share <= 64:
-        tv = 1                  # the narrowest tile: most experts fill few of its tokens
+    tm = tm or q8_tile(dev, rows_e, cdiv(max_tokens * slots, experts), tv=tv)[0]
     bn = 64 * tv
     xrows = max_tokens * (slots if per_pair_x else 1)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False,
                              rows_per_token=slots if per_pair_x else 1)
-    group, (tiles, order) = expert_tiles(dev, ids, st, experts=experts, slots=slots, max_tokens=max_tokens, bn=bn)
     c = w.chunks[0]
     pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=False,
                     EXPERTS=True, XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
@@ -115,5 +116,5 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, ids, *, slots: int, per_pai
     res = [params, None, c.buffer, *xbufs, y, bias, tiles, order]      # its tokens come from the tiles, not st
     gx = cdiv(rows_e, 16 * tm)
     grid = lambda n: (gx, cdiv(n * slots, bn) + min(experts, n * slots))      # noqa: E731  (tiles: moe_tiles.wgsl)
-    return out + [group, Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul_q8.{w.qtype.name}.experts",
-                                  bytes=c.buffer.size)]
+    return out + [Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul_q8.{w.qtype.name}.experts",
+                           bytes=c.buffer.size)]

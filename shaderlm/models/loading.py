@@ -159,33 +159,10 @@ def hf_expert_map(cls, n_layers: int, n_experts: int) -> dict[str, list[str]]:
             for g, h in cls.hf_expert_names.items() for i in range(n_layers)}
 
 
-class _Stack:
-    """Experts' matrices (safetensors tensors of one dtype and shape), read as one 2-D tensor of all
-    their rows (what rows_f32 and _quantized read)."""
-
-    def __init__(self, name: str, parts: list, path: str):
-        first = parts[0]
-        for st in parts:
-            if st.dtype != first.dtype or tuple(st.shape) != tuple(first.shape) or len(st.shape) != 2:
-                raise ModelFormatError(f"{path}: the experts of {name} differ in dtype or shape ({first.dtype} "
-                                       f"{tuple(first.shape)} and {st.dtype} {tuple(st.shape)})")
-        self.parts, self.dtype = parts, first.dtype
-        self.shape = (len(parts) * first.shape[0], first.shape[1])
-
-    @property
-    def data(self) -> np.ndarray:
-        return np.concatenate([np.asarray(st.data).reshape(-1) for st in self.parts])
-
-
-def _stacked(name: str, parts: list, path: str, q: str | None) -> HFTensor:
-    """One (experts, rows, cols) tensor from its experts' matrices, quantized to `q`'s type for it where asked."""
-    return _rows_tensor(name, (len(parts), *parts[0].shape), _Stack(name, parts, path), q)
-
-
 class HFDerived:
-    """Rows an architecture makes from a checkpoint's tensors (Transformer.hf_derived_tensors: gpt-oss's
+    """Rows made from a checkpoint's tensors (stacked experts; Transformer.hf_derived_tensors: gpt-oss's
     fused experts split and transposed): their dtype, the 2-D shape of the rows, and their bytes made
-    on demand, as _Stack's (what rows_f32 and _quantized read)."""
+    on demand (what rows_f32 and _quantized read)."""
     _last: tuple = (None, None)     # the last one made: rows_f32 reads a tensor a chunk at a time
 
     def __init__(self, dtype: str, shape: tuple, make):
@@ -206,8 +183,21 @@ class HFDerived:
         return cls(st.dtype, shape, lambda: fn(np.asarray(st.data).view(raw)))
 
 
+def _stacked(name: str, parts: list, path: str, q: str | None) -> HFTensor:
+    """One (experts, rows, cols) tensor from its experts' matrices (safetensors tensors of one dtype and
+    shape), made once when read, quantized to `q`'s type for it where asked."""
+    first = parts[0]
+    for st in parts:
+        if st.dtype != first.dtype or tuple(st.shape) != tuple(first.shape) or len(st.shape) != 2:
+            raise ModelFormatError(f"{path}: the experts of {name} differ in dtype or shape ({first.dtype} "
+                                   f"{tuple(first.shape)} and {st.dtype} {tuple(st.shape)})")
+    rows = HFDerived(first.dtype, (len(parts) * first.shape[0], first.shape[1]),
+                     lambda: np.concatenate([np.asarray(st.data).reshape(-1) for st in parts]))
+    return _rows_tensor(name, (len(parts), *first.shape), rows, q)
+
+
 def _rows_tensor(name: str, shape: tuple, st, q: str | None) -> HFTensor:
-    """A tensor of `shape` whose rows `st` holds (dtype, 2-D shape, data: a _Stack or HFDerived),
+    """A tensor of `shape` whose rows `st` holds (dtype, 2-D shape, data: an HFDerived),
     quantized to `q`'s type for it where asked (rows already quantized, MXFP4 experts, stay)."""
     qt = target_type(name, shape, q, st.dtype) if q and st.dtype in FLOAT_DTYPES else st.dtype
     if qt == st.dtype:

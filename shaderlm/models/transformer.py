@@ -294,9 +294,10 @@ class Transformer:
         self.xn = dev.buffer(B * a.dim * f4, label="xn")
         self.qkv = dev.buffer(B * (a.q_dim + 2 * a.kv_dim) * f4, label="qkv")
         self.attn = dev.buffer(B * a.q_dim * f4, label="attn")
-        self.gu = dev.buffer(B * 2 * a.ffn_dim * f4, label="gate_up")
-        self.h = dev.buffer(B * a.ffn_dim * f4, label="ffn_h")
-        if a.n_experts:
+        if not a.n_experts:                 # a mixture of experts has its own (below)
+            self.gu = dev.buffer(B * 2 * a.ffn_dim * f4, label="gate_up")
+            self.h = dev.buffer(B * a.ffn_dim * f4, label="ffn_h")
+        else:
             K = a.n_experts_used
             self.router_logits = dev.buffer(B * a.n_experts * f4, label="router_logits")
             self.expert_ids = dev.buffer(B * K * 4, label="expert_ids")
@@ -462,11 +463,12 @@ class Transformer:
         a, L, dev, st = self.args, self.layers[i], self.dev, self.b.state
         E, K, F = a.n_experts, a.n_experts_used, a.expert_ffn_dim
         kw = dict(slots=K, max_tokens=self.batch)
-        out = gemm.expert_matmul_q8(dev, L.experts_gate_up, E, self.xn, self.expert_gu, st, self.expert_ids,
-                                    per_pair_x=False, y_stride=2 * F, bias=L.experts_gate_up_bias, **kw)
+        group, groups = gemm.expert_groups(dev, self.expert_ids, st, experts=E, **kw)    # once for both GEMMs
+        out = [group] + gemm.expert_matmul_q8(dev, L.experts_gate_up, E, self.xn, self.expert_gu, st, groups,
+                                              per_pair_x=False, y_stride=2 * F, bias=L.experts_gate_up_bias, **kw)
         out.append(ops.glu(dev, self.expert_gu, self.expert_h, st, ffn=F, gelu=self.gelu, act=self.ffn_act,
                            rows_per_token=K))
-        out += gemm.expert_matmul_q8(dev, L.experts_down, E, self.expert_h, self.expert_y, st, self.expert_ids,
+        out += gemm.expert_matmul_q8(dev, L.experts_down, E, self.expert_h, self.expert_y, st, groups,
                                      per_pair_x=True, y_stride=a.dim, **kw)
         return out + [ops.moe_combine(dev, self.expert_y, self.expert_wts, self.x, st, dim=a.dim, slots=K,
                                       ids=self.expert_ids, bias=L.experts_down_bias)]
