@@ -291,17 +291,8 @@ class GptOss(Transformer):
 
     # ---- weights -------------------------------------------------------------------------------
     def vector(self, name, required=True):
-        """A 1-D tensor as f32 on the GPU, converted on the host: gpt-oss's have any length (a router
-        bias of one value per expert). The base layer asks for the pre-FFN norm as ffn_norm; llama.cpp
-        names it post_attention_norm."""
-        t = self.tensor(name.replace(".ffn_norm.", ".post_attention_norm."), required)
-        if t is None:
-            return None
-        self._tick(t)
-        buf = self.dev.upload(np.ascontiguousarray(t.dequantize(), np.float32).reshape(-1), label=t.name)
-        self.weight_bytes += buf.size
-        self._release([t])
-        return buf
+        """The base layer asks for the pre-FFN norm as ffn_norm; llama.cpp names it post_attention_norm."""
+        return super().vector(name.replace(".ffn_norm.", ".post_attention_norm."), required)
 
     def load_layer(self, i, p):
         L = super().load_layer(i, p)

@@ -212,8 +212,11 @@ class Transformer:
         if t is None:
             return None
         self._tick(t)
-        w = upload_weight(self.dev, name, t.type, (1, int(np.prod(t.shape))), t.data)
-        vals = dequantize(self.dev, w).reshape(-1) if t.type != "F32" else np.frombuffer(t.data, np.float32)
+        if t.type in ("F32", "F16", "BF16"):        # exact on the host, any length
+            vals = t.dequantize().reshape(-1)
+        else:                                       # quantized blocks: the GPU's decoder
+            vals = dequantize(self.dev, upload_weight(self.dev, name, t.type, (1, int(np.prod(t.shape))),
+                                                      t.data)).reshape(-1)
         buf = self.dev.upload(np.ascontiguousarray(vals, np.float32), label=name)
         self.weight_bytes += buf.size
         self._release([t])
