@@ -150,6 +150,8 @@ def cmd_chat(args):
 
 
 def cmd_serve(args):
+    if args.replicas or args.min_replicas or args.max_replicas or args.ray_address:
+        return _serve_replicas(args)
     import shaderlm
     from .server import serve
     engine = shaderlm.serve_engine(args.model, device=args.device, ctx=args.ctx or 4096, parallel=args.parallel,
@@ -162,6 +164,23 @@ def cmd_serve(args):
         serve(engine, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.close()
+
+
+def _serve_replicas(args):
+    try:
+        from .server.replicas import serve_replicas
+    except ImportError as e:
+        raise ShaderLMError(f"--replicas and --ray-address run on Ray Serve: pip install 'shaderlm[ray]' ({e})") \
+            from None
+    if args.min_replicas and args.max_replicas and args.min_replicas > args.max_replicas:
+        raise ShaderLMError(f"--min-replicas {args.min_replicas} is over --max-replicas {args.max_replicas}")
+    devices = [d.strip() for d in args.device.split(",")] if args.device else None
+    serve_replicas(args.model, host=args.host, port=args.port, replicas=args.replicas or 1,
+                   min_replicas=args.min_replicas, max_replicas=args.max_replicas, devices=devices,
+                   replicas_per_host=args.replicas_per_host, ray_address=args.ray_address,
+                   parallel=args.parallel, queue_size=args.queue, ctx=args.ctx or 4096, kv_pages=args.kv_pages,
+                   int8_act=args.int8_act, exact_prefill=args.exact_prefill, quantize=args.quantize,
+                   access_log=args.log_level in ("info", "debug"))
 
 
 def cmd_info(args):
@@ -277,6 +296,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="KV-cache pages of 16 tokens (default: room for every sequence to be full)")
     p.add_argument("--queue", type=_int_at_least(0), default=64, help="requests that may wait (then 429)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
+    g = p.add_argument_group("replicas on Ray Serve (pip install 'shaderlm[ray]')")
+    g.add_argument("--replicas", type=_int_at_least(1), default=None,
+                   help="engines behind the one endpoint, each on an adapter (round-robin over a host's, or "
+                        "over --device A,B,...)")
+    g.add_argument("--min-replicas", type=_int_at_least(1), default=None, help="scale by queue depth: at least")
+    g.add_argument("--max-replicas", type=_int_at_least(1), default=None, help="scale by queue depth: at most")
+    g.add_argument("--replicas-per-host", type=_int_at_least(1), default=None,
+                   help="at most this many replicas on one host (e.g. its GPU count)")
+    g.add_argument("--ray-address", default=None, help="join this Ray cluster (default: start a local one)")
     p.set_defaults(fn=cmd_serve)
 
     p = sub.add_parser("info", help="adapters, features and limits")

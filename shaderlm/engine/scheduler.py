@@ -74,6 +74,18 @@ class Stream:
             self.done = ev.finish_reason is not None
             yield ev
 
+    def ready(self) -> list[Event]:
+        """The events already here, without waiting (for a reader that passes them on in batches)."""
+        events = []
+        while not self.done:
+            try:
+                ev = self._q.get_nowait()
+            except queue.Empty:
+                break
+            self.done = ev.finish_reason is not None
+            events.append(ev)
+        return events
+
     def cancel(self):
         self._engine._cancel(self._seq)
 

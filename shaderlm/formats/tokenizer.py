@@ -621,6 +621,10 @@ class Tokenizer:
         self._chat_env = None
         self._chat_templates: dict[str, Any] = {}     # source -> compiled template
 
+    def __getstate__(self):
+        # the compiled chat templates are a cache that does not pickle: a copy (another process) compiles its own
+        return {**self.__dict__, "_chat_env": None, "_chat_templates": {}}
+
     # ---- construction --------------------------------------------------------------------------
     @classmethod
     def from_gguf(cls, path: str | os.PathLike) -> Tokenizer:

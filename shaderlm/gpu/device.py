@@ -50,15 +50,30 @@ def list_adapters():
         return []
 
 
+def _default_adapter():
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as e:  # noqa: BLE001
+        raise DeviceError(f"{NO_ADAPTER_HELP} ({e})") from None
+    if adapter is None:
+        raise DeviceError(NO_ADAPTER_HELP)
+    return adapter
+
+
+def _peer(k: int):
+    """The k-th (round-robin) of the adapters like the default one: same backend and type, so not the same
+    GPU again through GL, nor a software adapter beside a GPU. How replicas on one host spread out."""
+    default = _default_adapter()
+    kind = (default.info["backend_type"], default.info["adapter_type"])
+    peers = [a for a in list_adapters() if (a.info["backend_type"], a.info["adapter_type"]) == kind] or [default]
+    return peers[k % len(peers)]
+
+
 def _pick_adapter(spec: str | None):
     if spec in (None, ""):
-        try:
-            adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
-        except Exception as e:  # noqa: BLE001
-            raise DeviceError(f"{NO_ADAPTER_HELP} ({e})") from None
-        if adapter is None:
-            raise DeviceError(NO_ADAPTER_HELP)
-        return adapter
+        return _default_adapter()
+    if spec.startswith("peer:") and spec[5:].isdigit():
+        return _peer(int(spec[5:]))
     adapters = list_adapters()
     if not adapters:
         raise DeviceError(NO_ADAPTER_HELP)
@@ -78,7 +93,8 @@ class Device:
     """A wgpu device with the adapter's real limits, plus the helpers every kernel wrapper uses."""
 
     def __init__(self, spec: str | None = None, subgroups: bool = True):
-        """`spec`: adapter index or name substring (default: the high-performance adapter).
+        """`spec`: adapter index or name substring, or "peer:K", the K-th (round-robin) adapter like the
+        default one (default: the high-performance adapter).
         `subgroups=False` leaves the subgroup feature off (the kernels use workgroup memory instead)."""
         self.adapter = _pick_adapter(spec)
         feats = set(self.adapter.features)

@@ -1,12 +1,13 @@
 """`shaderlm serve`: OpenAI's chat and completions API over a serving engine, and a chat page.
 
-The engine (engine/scheduler.py's Engine, or anything with its interface) does the work: submit(Request)
--> Stream of Events, cancel(), stats(). This module turns HTTP bodies into Requests, relays Events as
+The engine (engine/scheduler.py's Engine, or anything with its interface, as server/replicas.py's) does
+the work: submit(Request) -> Stream of Events (or an awaitable of one), cancel(), stats(). This module turns HTTP bodies into Requests, relays Events as
 OpenAI's objects, and frees an engine sequence as soon as its client has gone.
 """
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from pathlib import Path
 
@@ -31,9 +32,9 @@ class EventStream(StreamingResponse):
     """An SSE response that frees its engine sequences however it ends: done, failed, or the client gone
     (Starlette then cancels the response, and this `finally` still runs)."""
 
-    def __init__(self, events, run: Run):
+    def __init__(self, events, run: Run, headers: dict):
         super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no", **headers})
         self.run = run
 
     async def __call__(self, scope, receive, send):
@@ -69,11 +70,12 @@ def create_app(engine) -> FastAPI:
         return error_response(server_error(f"Internal server error: {type(exc).__name__}: {exc}"))
 
     # ---- completions ----------------------------------------------------------------------------------
-    def submit(requests) -> list:
+    async def submit(requests) -> list:
         streams = []
         try:
             for r in requests:
-                streams.append(engine.submit(r))
+                stream = engine.submit(r)
+                streams.append(await stream if inspect.isawaitable(stream) else stream)
         except QueueFullError as e:
             raise APIError(429, str(e) or "The server is busy: too many requests are waiting.",
                            type="rate_limit_error", code="rate_limit_exceeded") from e
@@ -101,16 +103,19 @@ def create_app(engine) -> FastAPI:
             requests = await run_in_threadpool(body.engine_requests, engine.tokenizer, engine.ctx)
         except (ValueError, ShaderLMError) as e:
             raise invalid(str(e)) from e
-        run = Run(submit(requests), requests, body.n or 1)
+        run = Run(await submit(requests), requests, body.n or 1)
         writer = Writer(fmt(engine.tokenizer), engine.model_name, run, body.wants_logprobs)
+        # which replica took each choice, where there are replicas
+        replicas = [getattr(s, "replica", None) for s in run.streams]
+        headers = {"X-Shaderlm-Replica": ",".join(replicas)} if all(replicas) else {}
         if body.stream:
-            return EventStream(writer.sse(body.include_usage), run)
+            return EventStream(writer.sse(body.include_usage), run, headers)
         try:
             result = await _unless_disconnected(request, writer.complete())
         finally:
             run.cancel()
         # 499: the client closed the connection (nobody reads this)
-        return JSONResponse(result) if result is not None else Response(status_code=499)
+        return JSONResponse(result, headers=headers) if result is not None else Response(status_code=499)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
@@ -136,7 +141,8 @@ def create_app(engine) -> FastAPI:
 
     @app.get("/health")
     async def health():
-        return {"status": "ok", **engine.stats()}
+        stats = {"status": "ok", **engine.stats()}
+        return JSONResponse(stats, status_code=200 if stats["status"] == "ok" else 503)
 
     @app.get("/metrics")
     async def prometheus():

@@ -27,7 +27,8 @@ class Run:
         self.done = [False] * len(streams)
 
     async def events(self):
-        """(choice index, Event) from all streams as they come; each stream's last event has a finish_reason."""
+        """Lists of (choice index, Event) from all streams as they come, each list what has arrived (so that
+        a response writes them at once); each stream's last event has a finish_reason."""
         queue: asyncio.Queue = asyncio.Queue()
 
         async def pump(i, stream):
@@ -44,10 +45,13 @@ class Run:
         tasks = [asyncio.create_task(pump(i, s)) for i, s in enumerate(self.streams)]
         try:
             while not all(self.done):
-                i, ev = await queue.get()
-                if ev.finish_reason:
-                    self.done[i] = True
-                yield i, ev
+                batch = [await queue.get()]
+                while not queue.empty():
+                    batch.append(queue.get_nowait())
+                for i, ev in batch:
+                    if ev.finish_reason:
+                        self.done[i] = True
+                yield batch
         finally:
             for t in tasks:
                 t.cancel()
@@ -147,13 +151,14 @@ class Writer:
         items = [[] for _ in range(n)]
         reasons, completion = [None] * n, [0] * n
         async with contextlib.aclosing(self.run.events()) as events:
-            async for i, ev in events:
-                if why := failure(ev):
-                    raise server_error(why)
-                texts[i].append(ev.text)
-                items[i].extend(ev.logprobs)
-                if ev.finish_reason:
-                    reasons[i], completion[i] = ev.finish_reason, ev.completion_tokens
+            async for batch in events:
+                for i, ev in batch:
+                    if why := failure(ev):
+                        raise server_error(why)
+                    texts[i].append(ev.text)
+                    items[i].extend(ev.logprobs)
+                    if ev.finish_reason:
+                        reasons[i], completion[i] = ev.finish_reason, ev.completion_tokens
         choices = [self.fmt.choice(i, "".join(texts[i]), self.fmt.logprobs(items[i]) if self.want_logprobs else None,
                                    reasons[i]) for i in range(n)]
         return self._object(self.fmt.object, choices=choices, usage=self.run.usage(completion))
@@ -171,21 +176,28 @@ class Writer:
             for i in range(n):
                 if (first := self.fmt.first_delta(i)) is not None:
                     yield chunk(first)
+            failed = False
             async with contextlib.aclosing(self.run.events()) as events:
-                async for i, ev in events:
-                    if why := failure(ev):
-                        yield _sse(server_error(why).body())
+                async for batch in events:
+                    out = []          # the batch's chunks, sent as one write
+                    for i, ev in batch:
+                        if why := failure(ev):
+                            out.append(_sse(server_error(why).body()))
+                            failed = True
+                            break
+                        if ev.text or ev.logprobs:
+                            lp = self.fmt.logprobs(ev.logprobs, offsets[i]) if self.want_logprobs else None
+                            offsets[i] += len(ev.text)
+                            out.append(chunk(self.fmt.delta(i, ev.text, lp, None)))
+                        if ev.finish_reason:
+                            completion[i] = ev.completion_tokens
+                            out.append(chunk(self.fmt.delta(i, "", None, ev.finish_reason)))
+                    if out:
+                        yield "".join(out)
+                    if failed:
                         break
-                    if ev.text or ev.logprobs:
-                        lp = self.fmt.logprobs(ev.logprobs, offsets[i]) if self.want_logprobs else None
-                        offsets[i] += len(ev.text)
-                        yield chunk(self.fmt.delta(i, ev.text, lp, None))
-                    if ev.finish_reason:
-                        completion[i] = ev.completion_tokens
-                        yield chunk(self.fmt.delta(i, "", None, ev.finish_reason))
-                else:
-                    if include_usage:
-                        yield _sse(self._object(self.fmt.chunk_object, choices=[], usage=self.run.usage(completion)))
+            if include_usage and not failed:
+                yield _sse(self._object(self.fmt.chunk_object, choices=[], usage=self.run.usage(completion)))
         except Exception as e:       # headers are sent: the error goes in the stream, as OpenAI does it
             log.exception("streaming %s failed", self.id)
             yield _sse(server_error(f"{type(e).__name__}: {e}").body())

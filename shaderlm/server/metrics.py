@@ -1,4 +1,5 @@
-"""/metrics: Prometheus text, read from engine.stats() at each scrape, plus the server's rejections."""
+"""/metrics: Prometheus text, read from engine.stats() at each scrape (with replicas, their sums), plus the
+server's rejections."""
 from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, generate_latest
@@ -11,6 +12,7 @@ GAUGES = {   # engine.stats() key -> (metric, help)
     "kv_pages_total": ("shaderlm_kv_pages_total", "KV cache pages in all"),
     "decode_tokens_per_second": ("shaderlm_decode_tokens_per_second", "Tokens generated per second, recently"),
     "parallel": ("shaderlm_parallel", "Sequences the engine runs at once, at most"),
+    "replicas_ready": ("shaderlm_replicas_ready", "Engine replicas reporting (serve --replicas)"),
 }
 COUNTERS = {  # engine.stats() key -> (metric without _total, help)
     "requests_total": ("shaderlm_requests", "Requests the engine has taken"),
@@ -26,9 +28,11 @@ class _EngineCollector:
     def collect(self):
         stats = self.engine.stats()
         for key, (name, doc) in GAUGES.items():
-            yield GaugeMetricFamily(name, doc, value=float(stats.get(key, 0)))
+            if key in stats:
+                yield GaugeMetricFamily(name, doc, value=float(stats[key]))
         for key, (name, doc) in COUNTERS.items():
-            yield CounterMetricFamily(name, doc, value=float(stats.get(key, 0)))
+            if key in stats:
+                yield CounterMetricFamily(name, doc, value=float(stats[key]))
 
 
 class Metrics:

@@ -1,0 +1,127 @@
+"""`serve --replicas`: two engine replicas of the tiny synthetic model on a local Ray instance, behind one
+OpenAI endpoint (server/replicas.py)."""
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("ray.serve")
+
+PARALLEL = 4
+MODEL = "model0.gguf"      # the served name: the file's
+
+
+@pytest.fixture(scope="module")
+def replicas(synth_gguf):
+    from shaderlm.server import replicas
+    global MODEL
+    path = synth_gguf(seed=3, preset="tiny", arch="llama", quant="Q8_0")
+    MODEL = os.path.basename(path)
+    app = replicas.start(path, port=8731, replicas=2, parallel=PARALLEL, queue_size=8, ctx=256)
+    try:
+        _wait_for(app.url, lambda h: h["replicas_ready"] == 2)
+        yield app, path
+    finally:
+        app.close()
+
+
+def _wait_for(url, ok, timeout=90.0) -> dict:
+    deadline = time.monotonic() + timeout
+    while True:
+        health = httpx.get(url + "/health", timeout=10).json()
+        if ok(health):
+            return health
+        assert time.monotonic() < deadline, health
+        time.sleep(0.5)
+
+
+def _served(url) -> dict:
+    return {r["replica"]: r["requests_total"] for r in httpx.get(url + "/health").json()["replicas"]}
+
+
+def test_concurrent_clients_are_spread_and_answered(replicas, capsys):
+    """The official client, 10 requests at once: every one answered, both replicas take some, and a greedy
+    reply is `shaderlm run --temp 0`'s."""
+    from openai import AsyncOpenAI
+
+    from shaderlm.cli import main
+    app, path = replicas
+    prompt = "the quick brown fox"
+    assert main(["run", "-m", path, "--raw", "--temp", "0", "-n", "12", "-c", "160", prompt]) == 0
+    want = capsys.readouterr().out[:-1]
+    before = _served(app.url)
+
+    async def chat(client, i):
+        stream = await client.chat.completions.create(
+            model=MODEL, max_tokens=24, seed=i, temperature=0.8, stream=True,
+            messages=[{"role": "user", "content": f"story number {i}: " + "once upon a time " * (i % 4 + 1)}])
+        finish = [c.choices[0].finish_reason async for c in stream if c.choices]
+        return finish[-1]
+
+    async def run():
+        async with AsyncOpenAI(base_url=f"{app.url}/v1", api_key="none", max_retries=0) as client:
+            greedy = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+            return await asyncio.gather(greedy, *(chat(client, i) for i in range(9)))
+
+    greedy, *finishes = asyncio.run(run())
+    assert greedy.choices[0].text == want
+    assert all(f in ("stop", "length") for f in finishes), finishes
+    after = _wait_for(app.url, lambda h: sum(r["requests_total"] for r in h["replicas"]) >= sum(before.values()) + 10)
+    served = {r["replica"]: r["requests_total"] - before.get(r["replica"], 0) for r in after["replicas"]}
+    assert len(served) == 2 and all(n > 0 for n in served.values()), served
+
+
+def test_a_conversation_stays_on_its_replica(replicas):
+    """Each turn's prompt starts with the last turn's prompt and reply: the router sends it where those KV
+    pages are. Four conversations at once, three turns each."""
+    from openai import AsyncOpenAI
+    app, _ = replicas
+
+    async def conversation(client, i):
+        messages, where = [], []
+        for turn in range(3):
+            messages.append({"role": "user", "content": f"conversation {i}, turn {turn}"})
+            raw = await client.chat.completions.with_raw_response.create(
+                model=MODEL, messages=messages, max_tokens=16, temperature=0)
+            where.append(raw.headers["x-shaderlm-replica"])
+            messages.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
+        return where
+
+    async def run():
+        async with AsyncOpenAI(base_url=f"{app.url}/v1", api_key="none", max_retries=0) as client:
+            return await asyncio.gather(*(conversation(client, i) for i in range(4)))
+
+    for where in asyncio.run(run()):
+        assert len(set(where)) == 1, where
+
+
+def test_a_replica_killed_mid_stream(replicas):
+    """SIGKILL the replica a stream is on: that client gets an error in its stream (no hang), new requests
+    are answered meanwhile, and Ray starts a replacement."""
+    app, _ = replicas
+    pids = {r["replica"]: r["pid"] for r in httpx.get(app.url + "/health").json()["replicas"]}
+    body = dict(messages=[{"role": "user", "content": "a long answer please"}], max_tokens=220, stream=True,
+                temperature=0.8, seed=1)
+    with httpx.stream("POST", app.url + "/v1/chat/completions", json=body, timeout=30) as r:
+        victim = r.headers["x-shaderlm-replica"]
+        lines = r.iter_lines()
+        assert next(line for line in lines if line.startswith("data:"))
+        os.kill(pids[victim], signal.SIGKILL)
+        rest = list(lines)             # ends (within httpx's 30 s read timeout) rather than hanging
+    assert any('"error"' in line for line in rest), rest[-3:]
+    assert rest[-2:] == ["data: [DONE]", ""] or rest[-1] == "data: [DONE]"
+
+    for i in range(3):                  # answered while the replacement starts
+        r = httpx.post(app.url + "/v1/completions", json=dict(prompt=f"still there {i}?", max_tokens=4), timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-shaderlm-replica"] != victim
+
+    health = _wait_for(app.url, lambda h: h["replicas_ready"] == 2 and victim not in
+                       {r["replica"] for r in h["replicas"] if r["state"] == "ready"})
+    assert pids[victim] not in {r["pid"] for r in health["replicas"] if r["state"] == "ready"}
+    assert health["status"] == "ok"
