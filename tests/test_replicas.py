@@ -74,6 +74,10 @@ def test_concurrent_clients_are_spread_and_answered(replicas, capsys):
     after = _wait_for(app.url, lambda h: sum(r["requests_total"] for r in h["replicas"]) >= sum(before.values()) + 10)
     served = {r["replica"]: r["requests_total"] - before.get(r["replica"], 0) for r in after["replicas"]}
     assert len(served) == 2 and all(n > 0 for n in served.values()), served
+    metrics = dict(line.rsplit(" ", 1) for line in httpx.get(app.url + "/metrics").text.splitlines()
+                   if line.startswith("shaderlm_"))
+    assert float(metrics["shaderlm_replicas_ready"]) == 2
+    assert float(metrics["shaderlm_requests_total"]) == sum(r["requests_total"] for r in after["replicas"])
 
 
 def test_a_conversation_stays_on_its_replica(replicas):
