@@ -16,6 +16,42 @@ PARALLEL = 4
 MODEL = "model0.gguf"      # the served name: the file's
 
 
+def test_router_prefers_the_replica_with_a_clearly_longer_prefix():
+    """PrefixAffinityRouter's choice alone (ranks of replicas; Ray's base class then takes the least busy
+    of the first rank that has room), with made-up replicas and queue lengths."""
+    from types import SimpleNamespace
+
+    from shaderlm.server.replicas import AFFINITY_TRIES, BLOCK, PrefixAffinityRouter, Routed, prefixes
+
+    router = object.__new__(PrefixAffinityRouter)     # Ray builds it with a controller; only its policy here
+    router.initialize_state(imbalance=2)
+    queue = {"a": 0, "b": 0}
+    router._replica_queue_len_cache = queue
+    a, b = SimpleNamespace(replica_id="a"), SimpleNamespace(replica_id="b")
+
+    def pending(ids):
+        return SimpleNamespace(args=[Routed(None, prefixes(ids))], routing_context=SimpleNamespace())
+
+    def choose(p):
+        return [[r.replica_id for r in rank] for rank in asyncio.run(router.choose_replicas([a, b], p))]
+
+    turn1 = list(range(100, 132))
+    assert sorted(choose(pending(turn1))[0]) == ["a", "b"]          # nothing seen yet: the least busy
+    router.on_request_routed(pending(turn1), "a", None)
+    turn2 = pending(turn1 + list(range(500, 520)))
+    assert choose(turn2) == [["a"]]                                  # the conversation's replica, alone...
+    for _ in range(AFFINITY_TRIES - 1):
+        choose(turn2)
+    assert choose(turn2) == [["a"], ["b"]]                           # ...then the others may take it too
+    near = turn1[:BLOCK] + list(range(900, 928))                     # one block in common: not worth it
+    assert sorted(choose(pending(near))[0]) == ["a", "b"]
+    queue["a"] = 3                                                   # over the imbalance bound
+    assert sorted(choose(pending(turn1 + [7] * 8))[0]) == ["a", "b"]
+    queue["a"] = 0
+    router.on_request_routed(pending(turn1), "b", None)             # both hold it: a tie
+    assert sorted(choose(pending(turn1 + [7] * 8))[0]) == ["a", "b"]
+
+
 @pytest.fixture(scope="module")
 def replicas(synth_gguf):
     from shaderlm.server import replicas

@@ -161,8 +161,10 @@ class EngineReplica:
         threading.Thread(target=self._report, name="shaderlm-report", daemon=True).start()
 
     def _report(self):
-        while not self._stop.wait(REPORT_EVERY_S):
+        while True:
             self.board.put.remote(self.name, {**self.facts, **self.engine.stats()})
+            if self._stop.wait(REPORT_EVERY_S):
+                return
 
     def info(self) -> dict:
         return dict(tokenizer=self.engine.tokenizer, ctx=self.engine.ctx, model_name=self.engine.model_name)
