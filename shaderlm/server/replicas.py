@@ -37,7 +37,7 @@ from .app import create_app
 APP = "shaderlm"
 NAMESPACE = "shaderlm"
 BLOCK = 4                  # prompts are matched this many tokens at a time
-AFFINITY_TRIES = 5         # routing attempts on the replica with the prefix before the others may take it
+AFFINITY_WAIT_S = 1.0      # how long a request waits for the replica with its prefix before others may take it
 AFFINITY_MIN = 2           # blocks a replica's match must be longer than every other's to be preferred
 REPORT_EVERY_S = 0.5       # replica -> board
 STALE_S = 5.0              # a replica silent this long is not counted
@@ -102,10 +102,9 @@ class PrefixAffinityRouter(FIFOMixin, RequestRouter):
         if best - runner_up < AFFINITY_MIN:
             favoured = []    # a few tokens more in common ("Request 1" and "Request 12") are not worth a queue
         if favoured and len(favoured) < len(candidate_replicas):
-            # a busy replica can miss Ray's queue-length probe deadline: try it alone a few times first
-            tries = pending_request.routing_context.__dict__.setdefault("affinity_tries", 0)
-            pending_request.routing_context.affinity_tries = tries + 1
-            if tries < AFFINITY_TRIES:
+            # a busy replica can miss Ray's queue-length probe deadline: try it alone for a while first
+            since = pending_request.routing_context.__dict__.setdefault("affinity_since", time.monotonic())
+            if time.monotonic() - since < AFFINITY_WAIT_S:
                 return [favoured]
             return [favoured, [r for r in candidate_replicas if r not in favoured]]
         return [random.sample(candidate_replicas, len(candidate_replicas))]   # the least busy, ties at random
