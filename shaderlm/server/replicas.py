@@ -129,11 +129,11 @@ class StatsBoard:
     def __init__(self):
         self.reports: dict[str, tuple[float, dict]] = {}
 
-    def put(self, replica: str, report: dict):
+    def put(self, replica: str, report: tuple[dict, dict]):
         self.reports[replica] = (time.time(), report)
 
-    def get(self) -> dict[str, tuple[float, dict]]:
-        """replica -> (seconds since its last report, its report)."""
+    def get(self) -> dict[str, tuple[float, tuple[dict, dict]]]:
+        """replica -> (seconds since its last report, its (facts, engine stats))."""
         now = time.time()
         for name in [n for n, (t, _) in self.reports.items() if now - t > FORGET_S]:
             del self.reports[name]
@@ -161,7 +161,7 @@ class EngineReplica:
 
     def _report(self):
         while True:
-            self.board.put.remote(self.name, {**self.facts, **self.engine.stats()})
+            self.board.put.remote(self.name, (self.facts, self.engine.stats()))
             if self._stop.wait(REPORT_EVERY_S):
                 return
 
@@ -255,13 +255,11 @@ class RemoteEngine:
             await asyncio.sleep(REPORT_EVERY_S)
 
     def stats(self) -> dict:
-        live = [r for age, r in self._reports.values() if age < STALE_S]
-        total = {key: sum(r.get(key, 0) for r in live) for key in
-                 ("running", "waiting", "kv_pages_used", "kv_pages_total", "parallel", "requests_total",
-                  "prompt_tokens_total", "completion_tokens_total", "cached_prompt_tokens_total",
-                  "decode_tokens_per_second")}
-        replicas = [dict(r, state="ready" if age < STALE_S else "not reporting", last_report_s=round(age, 1))
-                    for age, r in self._reports.values()]
+        live = [stats for age, (_, stats) in self._reports.values() if age < STALE_S]
+        total = {key: sum(r.get(key, 0) for r in live) for key in {k for r in live for k, v in r.items()
+                                                                    if type(v) in (int, float)}}   # not `closed`
+        replicas = [dict(facts, **stats, state="ready" if age < STALE_S else "not reporting",
+                         last_report_s=round(age, 1)) for age, (facts, stats) in self._reports.values()]
         return dict(total, status="ok" if live else "unavailable", replicas_ready=len(live),
                     replica_states=self._states, replicas=sorted(replicas, key=lambda r: r["replica"]))
 
