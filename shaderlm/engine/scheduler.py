@@ -269,35 +269,40 @@ class Engine:
             self.runner.set_pages(seq.slot, seq.pages)
 
     def _step(self):
-        """One round: a prefill chunk if a prompt waits, then decode batches kept in flight."""
+        """One round: prompt chunks, up to `chunk` tokens of them in all (several short prompts join at
+        once), then decode batches kept in flight."""
         r = self.runner
-        if self.prefilling:
+        budget, prefilled = self.chunk, []
+        while self.prefilling and budget > 0:
             seq = self.prefilling[0]
             if seq.cancelled:
                 self.prefilling.popleft()
                 self._end(seq, "cancelled")
+                continue
+            if seq.prefilled == seq.cached:
+                req = seq.request
+                seed = req.seed if req.seed is not None else random.randrange(1 << 32)
+                r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed)
+                self._ensure_pages(seq, len(seq.prompt) + 1)
+            end = min(len(seq.prompt), seq.prefilled + budget)
+            r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
+                      logprobs=seq.request.logprobs is not None)
+            budget -= end - seq.prefilled
+            seq.prefilled = end
+            if end == len(seq.prompt):
+                self.prefilling.popleft()
+                self.pool.register(seq.prompt, seq.pages)
+                seq.pos = len(seq.prompt)
+                prefilled.append(seq)
+        for seq in prefilled:           # their first tokens, read once the GPU has all their prompts
+            first = r.read_tokens(seq.slot, seq.pos, 1)
+            lps = self._read_logprobs(seq, seq.pos, 1)
+            with self._cv:
+                self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
+            if self._take(seq, first[0], None if lps is None else lps[0]):
+                self.running.append(seq)
             else:
-                if seq.prefilled == seq.cached:
-                    req = seq.request
-                    seed = req.seed if req.seed is not None else random.randrange(1 << 32)
-                    r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed)
-                    self._ensure_pages(seq, len(seq.prompt) + 1)
-                end = min(len(seq.prompt), seq.prefilled + self.chunk)
-                r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
-                          logprobs=seq.request.logprobs is not None)
-                seq.prefilled = end
-                if end == len(seq.prompt):
-                    self.prefilling.popleft()
-                    self.pool.register(seq.prompt, seq.pages)
-                    seq.pos = len(seq.prompt)
-                    first = r.read_tokens(seq.slot, seq.pos, 1)
-                    lps = self._read_logprobs(seq, seq.pos, 1)
-                    with self._cv:
-                        self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
-                    if self._take(seq, first[0], None if lps is None else lps[0]):
-                        self.running.append(seq)
-                    else:
-                        self._end(seq, seq.finish)
+                self._end(seq, seq.finish)
         # keep two decode batches queued (one, while a prompt waits for its next chunk)
         while len(self.in_flight) < (1 if self.prefilling else 2):
             for s in [s for s in self.running if s.finish is not None or s.cancelled]:
@@ -326,7 +331,7 @@ class Engine:
                     self._recent.popleft()
             for i, s in enumerate(seqs):
                 s.in_flight -= 1
-                lps = self._read_logprobs(s, positions[i] + 1, batch.k)
+                lps = None if s.request.logprobs is None else r.batch_logprobs(batch, i, s.request.logprobs)
                 for j, tok in enumerate(tokens[i]):
                     if s.finish is not None or s.cancelled or not self._take(s, int(tok), None if lps is None else lps[j]):
                         break

@@ -29,6 +29,13 @@ NONE = 0xFFFFFFFF                # a padding row of a batch
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 
 
+def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
+    """kernels/logprobs.wgsl's rows (the sampled token's value, then TOPN (id bits, value) pairs) as
+    (log-probability, [(token, log-probability)] of the `top` most likely) a row."""
+    return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
+            for r in rows]
+
+
 def bucket(n: int) -> int:
     """The batch size a step of n rows runs at (plans exist for these sizes; the rest is padding)."""
     for b in BUCKETS:
@@ -76,7 +83,8 @@ class Serving:
         self.lp = None                                         # made when a request first asks for logprobs
         self._states: dict = {}
         self._decode: dict = {}
-        self._staging = [dev.buffer(4 * self.max_rows * self.k_max, READBACK, "batch readback")
+        # a batch's tokens, then (where it computes them) their logprobs rows
+        self._staging = [dev.buffer(4 * self.max_rows * self.k_max * (1 + self.lp_width), READBACK, "batch readback")
                          for _ in range(in_flight + 1)]
         self._slot = 0
         for s in range(slots):
@@ -179,15 +187,14 @@ class Serving:
         [(token, log-probability)] of the `top` most likely), from kernels/logprobs.wgsl's rows (the
         sampled token's value, then TOPN (id bits, value) pairs)."""
         w = self.lp_width
-        rows = self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w, size=4 * n * w).reshape(n, w)
-        return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
-                for r in rows]
+        return parse_logprobs(self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w,
+                                            size=4 * n * w).reshape(n, w), top)
 
     # ---- decode batches -------------------------------------------------------------------------
     def record(self, slots: list[int], positions: list[int], k: int, logprobs: bool = False):
         """A recorded batch of k decode steps for the sequences in `slots` (at `positions`: the token
-        each feeds next), their new tokens copied to the next readback buffer (and with `logprobs`
-        their logprobs, for the slots that asked: read them with read_logprobs)."""
+        each feeds next), their new tokens copied to the next readback buffer (with `logprobs`, their
+        logprobs rows too: batch_logprobs reads them)."""
         if not 0 < k <= self.k_max:
             raise ValueError(f"{k} steps a batch, outside 1..{self.k_max}")
         rows = bucket(len(slots))
@@ -196,19 +203,32 @@ class Serving:
         staging = self._staging[self._slot]
         self.dev.write(self.rows, np.array(list(slots) + [NONE] * (rows - len(slots)), np.uint32))
 
+        w, lp0 = self.lp_width, 4 * len(slots) * k        # logprobs rows after the tokens
+
         def copies(enc):
             for i, (s, p) in enumerate(zip(slots, positions)):
                 enc.copy_buffer_to_buffer(self.tokens, 4 * (s * self.hist + p + 1), staging, 4 * i * k, 4 * k)
+                if logprobs:
+                    enc.copy_buffer_to_buffer(self.lp, 4 * (s * self.hist + p + 1) * w, staging,
+                                              lp0 + 4 * i * k * w, 4 * k * w)
         return SimpleNamespace(cb=plan.record(rows, repeat=k, then=copies), staging=staging, n=len(slots), k=k,
-                               index=None)
+                               logprobs=logprobs, lp_rows=None, index=None)
 
     def submit(self, batch):
         batch.index = self.dev.submit([batch.cb])
 
     def tokens_of(self, batch) -> np.ndarray:
-        """A submitted batch's new tokens, (rows, k), once the GPU has written them."""
-        raw = self.dev.read_after(batch.staging, batch.index, 4 * batch.n * batch.k)
-        return np.frombuffer(raw, np.uint32).reshape(batch.n, batch.k)
+        """A submitted batch's new tokens, (rows, k), once the GPU has written them (and its logprobs
+        rows, read in the same map: no wait for the batches queued after it)."""
+        n = batch.n * batch.k
+        raw = self.dev.read_after(batch.staging, batch.index, 4 * n * (1 + self.lp_width * batch.logprobs))
+        if batch.logprobs:
+            batch.lp_rows = np.frombuffer(raw, np.float32, offset=4 * n).reshape(batch.n, batch.k, self.lp_width)
+        return np.frombuffer(raw, np.uint32, count=n).reshape(batch.n, batch.k)
+
+    def batch_logprobs(self, batch, row: int, top: int) -> list[tuple[float, list]]:
+        """read_logprobs' answer for the k tokens of a batch's row `row` (after tokens_of)."""
+        return parse_logprobs(batch.lp_rows[row], top)
 
     def last_logits(self, rows: int) -> np.ndarray:
         """The logits of the last step's first `rows` rows (tests)."""
