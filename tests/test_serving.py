@@ -152,6 +152,45 @@ def test_gpu_fault_fails_its_request_and_the_engine_goes_on(engine, monkeypatch)
     _settled(engine)
 
 
+def _ends(stream, timeout=60.0) -> list:
+    """The stream's events, or a failure if it has not ended within `timeout` seconds (a hang)."""
+    import threading
+    out = []
+    th = threading.Thread(target=lambda: out.extend(stream), daemon=True)
+    th.start()
+    th.join(timeout)
+    assert not th.is_alive(), "the stream never ended"
+    return out
+
+
+def test_fault_while_prompts_join_a_step_fails_all_of_them(engine, monkeypatch):
+    """Three prompts prefilled in one step, the second's prefill failing: each of the three ends with
+    an error (the first too, whose prompt was done but whose first token was not read yet), their
+    pages come back, and the engine goes on."""
+    m = engine.model
+    prompts = [random_ids(m.config.vocab_size, n, 20 + n) for n in (7, 9, 11)]
+    real, calls = engine.runner.prefill, []
+
+    def prefill_failing_second(*a, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("injected prefill failure")
+        return real(*a, **kw)
+    monkeypatch.setattr(engine.runner, "prefill", prefill_failing_second)
+    with engine._cv:               # all three wait before the engine's next step
+        streams = [engine.submit(Request(p, max_tokens=4, stop_at_eos=False)) for p in prompts]
+    for s in streams:
+        events = _ends(s)
+        assert events[-1].finish_reason == "error" and "injected prefill failure" in events[-1].error
+    assert len(calls) == 2
+    _settled(engine)
+    monkeypatch.setattr(engine.runner, "prefill", real)
+    want = m.generate_tokens(prompts[0], 4, stop_at_eos=False)
+    assert [t for ev in _ends(engine.submit(Request(prompts[0], max_tokens=4, stop_at_eos=False)))
+            for t in ev.token_ids] == want
+    _settled(engine)
+
+
 def test_logprobs(engine):
     """Each token's logprob and its top 3 against a softmax of the model's logits (NumPy)."""
     m = engine.model

@@ -273,10 +273,12 @@ class Engine:
         once), then decode batches kept in flight."""
         r = self.runner
         budget, prefilled = self.chunk, []
-        while self.prefilling and budget > 0:
-            seq = self.prefilling[0]
+        # a prompt done stays in `prefilling` (at its front) until its first token is read, so that a
+        # failed step fails it too
+        while len(self.prefilling) > len(prefilled) and budget > 0:
+            seq = self.prefilling[len(prefilled)]
             if seq.cancelled:
-                self.prefilling.popleft()
+                del self.prefilling[len(prefilled)]
                 self._end(seq, "cancelled")
                 continue
             if seq.prefilled == seq.cached:
@@ -290,13 +292,13 @@ class Engine:
             budget -= end - seq.prefilled
             seq.prefilled = end
             if end == len(seq.prompt):
-                self.prefilling.popleft()
                 self.pool.register(seq.prompt, seq.pages)
                 seq.pos = len(seq.prompt)
                 prefilled.append(seq)
         for seq in prefilled:           # their first tokens, read once the GPU has all their prompts
             first = r.read_tokens(seq.slot, seq.pos, 1)
             lps = self._read_logprobs(seq, seq.pos, 1)
+            self.prefilling.popleft()
             with self._cv:
                 self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
             if self._take(seq, first[0], None if lps is None else lps[0]):
