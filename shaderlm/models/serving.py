@@ -90,6 +90,10 @@ class Serving:
         for s in range(slots):
             self.set_sampling(s)
         self._build_prefill()
+        # every batch size's step now: built on first use, a plan's pipelines compiled mid-serving
+        # stalled every running stream (the logprobs pass after it stays lazy: one pipeline)
+        for rows in BUCKETS[:BUCKETS.index(self.max_rows) + 1]:
+            self.decode_plan(rows)
 
     # ---- plans -------------------------------------------------------------------------------
     def _paging(self, batched: bool) -> ops.Paging:
@@ -123,8 +127,8 @@ class Serving:
                             paging=paging, batch=rows)
 
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
-        """The decode step of `rows` rows (a bucket size), with the logprobs pass or not, built on
-        first use."""
+        """The decode step of `rows` rows (a bucket size), with the logprobs pass or not (built at
+        start, the logprobs pass on first use)."""
         plan = self._decode.get((rows, logprobs))
         if plan is None:
             if logprobs:                                         # the plain step, then the logprobs pass
