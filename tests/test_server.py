@@ -318,6 +318,9 @@ def test_queue_full_and_engine_closed(tok):
     engine = FakeEngine(tok, model_name=MODEL, parallel=1, max_waiting=1, token_delay=0.01)
     with running_server(engine) as url, openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0) as client:
         running = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1000, stream=True)
+        for chunk in running:        # it runs: a token came (a loaded machine could still have it waiting)
+            if chunk.choices and chunk.choices[0].delta.content:
+                break
         waiting = client.chat.completions.create(model=MODEL, messages=USER, max_tokens=1000, stream=True)
         with pytest.raises(openai.RateLimitError) as e:
             client.chat.completions.create(model=MODEL, messages=USER)
