@@ -184,7 +184,7 @@ fn histogram(li: u32, key: u32, mask: u32, shift: u32) {
 // it, and the one thread where the count from the top reaches k picks its bin. Once that count is
 // exactly k, every key with the bits picked so far is kept: those bits (the rest 0) are as good a
 // threshold, and the later passes are skipped.
-fn top_k_key(li: u32) -> vec2<u32> {
+fn top_k_key(li: u32, top_k: u32) -> vec2<u32> {
     var key = 0u;
     var mask = 0u;         // the bits picked so far
     var above = 0u;        // keys greater than every key with those bits
@@ -195,12 +195,12 @@ fn top_k_key(li: u32) -> vec2<u32> {
         let c = scan(li, select(0.0, f32(atomicLoad(&hist[bin])), li < 256u));  // counts < 2^24: exact
         let before = above + u32(c.x);
         let through = above + u32(c.y);
-        if (li < 256u && before < p.top_k && through >= p.top_k) { picked = vec3<u32>(bin, before, through); }
+        if (li < 256u && before < top_k && through >= top_k) { picked = vec3<u32>(bin, before, through); }
         r = workgroupUniformLoad(&picked);
         key |= r.x << u32(s);
         mask |= 0xFFu << u32(s);
         above = r.y;
-        if (r.z == p.top_k) { break; }
+        if (r.z == top_k) { break; }
     }
     return vec2<u32>(key, r.z);
 }
@@ -251,9 +251,9 @@ fn tally(li: u32, k: u32, m: f32) -> f32 {
 // Top-p's threshold over what top-k kept (tk): the largest key whose mass (the logits' at or above
 // it) reaches top_p of tk's, by bisection over the whole vocabulary. Searched from 0: the answer
 // need not share tk's bits; the mass at tk always reaches `need`.
-fn top_p_key(li: u32, tk: u32, m: f32) -> u32 {
-    if (p.top_p >= 1.0) { return tk; }
-    let need = p.top_p * tally(li, tk, m);
+fn top_p_key(li: u32, tk: u32, m: f32, top_p: f32) -> u32 {
+    if (top_p >= 1.0) { return tk; }
+    let need = top_p * tally(li, tk, m);
     var t = 0u;
     for (var b = 31; b >= 0; b--) {
         let c = t | (1u << u32(b));
@@ -279,9 +279,9 @@ fn weigh(li: u32, n: u32) -> u32 {
 // finds the masses at its survivors' keys by reading all n weights (the same address in every thread:
 // a broadcast), and the largest that qualifies wins: no reduction's barriers, O(n) per thread. top_p
 // 0 puts it past every key, as the bisection does: nothing is kept and the draw falls back to the argmax.
-fn top_p_survivors(li: u32, tk: u32, n: u32) -> u32 {
-    if (p.top_p >= 1.0) { return tk; }
-    if (li == 0u) { atomicStore(&top_p_max, select(tk, 0xFFFFFFFFu, p.top_p <= 0.0)); }
+fn top_p_survivors(li: u32, tk: u32, n: u32, top_p: f32) -> u32 {
+    if (top_p >= 1.0) { return tk; }
+    if (li == 0u) { atomicStore(&top_p_max, select(tk, 0xFFFFFFFFu, top_p <= 0.0)); }
     workgroupBarrier();
     var total = 0.0;
     for (var j = 0u; j < n; j++) { total += kw[j]; }
@@ -289,7 +289,7 @@ fn top_p_survivors(li: u32, tk: u32, n: u32) -> u32 {
         let k = key1(i);
         var mass = 0.0;
         for (var j = 0u; j < n; j++) { mass += weight1(j, k); }
-        if (mass >= p.top_p * total) { atomicMax(&top_p_max, k); }
+        if (mass >= top_p * total) { atomicMax(&top_p_max, k); }
     }
     workgroupBarrier();
     return atomicLoad(&top_p_max);
@@ -357,20 +357,22 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
 #if BATCH
     let s = rows[wid.x];
     if (s == NONE) { return; }
-    p = params[s];
+    let prm = params[s];             // read here, not from p: a private variable is not uniform to Tint
+    p = prm;
     row_base = wid.x * n4();
     let pos = seq_pos[s] + 1u;          // position the new token will take
 #else
+    let prm = p;
     let pos = st.pos + st.n;            // position the new token will take
 #endif
     var tok = 0u;
-    if (p.temperature <= 0.0) {
+    if (prm.temperature <= 0.0) {
         tok = argmax(li);
     } else {
         var tk = 0u;                    // top-k threshold key (0: every logit)
         var n = C + 1u;                 // how many reach it, where known; over C: not compacted
-        if (p.top_k > 0u && p.top_k < p.vocab) {
-            let t = top_k_key(li);
+        if (prm.top_k > 0u && prm.top_k < prm.vocab) {
+            let t = top_k_key(li, prm.top_k);
             tk = t.x;
             n = t.y;
         }
@@ -382,11 +384,11 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             let i = weigh(li, n);
             am = kid[i];
             m = kv[i];
-            tp = top_p_survivors(li, tk, n);
+            tp = top_p_survivors(li, tk, n, prm.top_p);
         } else {
             am = argmax(li);
             m = at(am / 4u)[am % 4u];
-            tp = top_p_key(li, tk, m);
+            tp = top_p_key(li, tk, m, prm.top_p);
         }
         tok = draw(li, pos, tp, m, am, n);
     }
