@@ -184,8 +184,10 @@ def _serve_replicas(args):
 
 
 def cmd_info(args):
+    from .gpu.backend import implementation
     from .gpu.device import get_device, list_adapters
     from .options import Options
+    print(f"WebGPU: {implementation()}")
     for i, a in enumerate(list_adapters()):
         print(f"adapter {i}: {a.info['device']} ({a.info['backend_type']}, {a.info['adapter_type']})")
     opts = Options.from_env().replace(device=args.device)
@@ -269,6 +271,9 @@ def cmd_convert(args):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shaderlm", description="LLMs on any GPU through WebGPU compute shaders")
     ap.add_argument("--version", action="version", version=f"shaderlm {__version__}")
+    ap.add_argument("--backend", choices=["wgpu", "dawn"],
+                    help="the WebGPU implementation: wgpu (wgpu-native, the default) or dawn (`pip install "
+                         "wgpudawn`); default: wgpu, or dawn where only Dawn finds an adapter")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     p = sub.add_parser("run", help="generate a completion (streams to stdout; stats to stderr)")
@@ -345,6 +350,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.backend:             # gpu/backend.py reads it when a command first reaches the GPU
+        os.environ["SHADERLM_WEBGPU"] = args.backend
     try:
         return args.fn(args) or 0
     except KeyboardInterrupt:

@@ -7,7 +7,9 @@ User settings (each also a CLI flag and a `shaderlm.load` keyword):
     SHADERLM_INT8_ACT    1: decode GEMVs round activations to int8 (faster, not exact; --int8-act)
     SHADERLM_EXACT_PREFILL  1: prompts through the f32 GEMM, 0: the int8 one (default: int8 on GPUs, f32 on
                          CPU adapters; --exact-prefill)
-    SHADERLM_WEBGPU      the WebGPU package to import (default wgpu; another build of the same API)
+    SHADERLM_WEBGPU      the WebGPU implementation: wgpu (wgpu-native), dawn (the `wgpudawn` package), or the
+                         name of another package with the same API (--backend); default wgpu, or dawn where
+                         only Dawn finds an adapter
 Debug switches, for tests and A/B runs (they change which kernels run, never the results beyond
 rounding):
     SHADERLM_NO_SUBGROUPS=1   the workgroup-memory kernels instead of the subgroup ones
@@ -63,9 +65,13 @@ class Options:
                    batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (1,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
 
 
-def webgpu_module() -> str:
-    """The WebGPU package gpu/backend.py imports (read when it is first imported)."""
-    return os.environ.get("SHADERLM_WEBGPU") or "wgpu"
+BACKENDS = {"wgpu": "wgpu", "dawn": "wgpudawn"}      # --backend name -> the package with wgpu-py's API
+
+
+def webgpu_module() -> str | None:
+    """The WebGPU package gpu/backend.py imports (read when it is first imported); None: not chosen."""
+    name = os.environ.get("SHADERLM_WEBGPU") or None
+    return BACKENDS.get(name, name)
 
 
 def _flag(env, name: str) -> bool:

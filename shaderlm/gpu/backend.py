@@ -1,23 +1,65 @@
 """The one place that imports the WebGPU binding.
 
-wgpu-py (wgpu-native) is the default; SHADERLM_WEBGPU=<module> selects another package exposing the same
-API (for example a Dawn build). Everything else in shaderlm imports `wgpu` from here.
+wgpu-py (wgpu-native) is the default; SHADERLM_WEBGPU (--backend) selects Dawn (the `wgpudawn` package, a
+build of the same API) or another package exposing it, and Dawn is taken by itself where wgpu-native finds
+no adapter and Dawn does. The choice is made on first use (webgpu()), not at import: looking for adapters
+costs a process that opens no device half a second on lavapipe. Everything else in shaderlm reaches the
+binding through webgpu().
 """
+import functools
 import importlib
 
+import wgpu as _native
+
 from ..errors import DeviceError
-from ..options import webgpu_module
+from ..options import BACKENDS, webgpu_module
 
-wgpu = importlib.import_module(webgpu_module())
+# WebGPU's flag values, the same in every implementation of the API
+BufferUsage = _native.BufferUsage
+MapMode = _native.MapMode
+_chosen = None
 
-BufferUsage = wgpu.BufferUsage
-MapMode = wgpu.MapMode
+
+def _has_adapter(module) -> bool:
+    try:
+        return bool(module.gpu.enumerate_adapters_sync())
+    except Exception:  # noqa: BLE001 - an implementation that fails to start has none
+        return False
+
+
+def webgpu():
+    """The WebGPU package this process runs on (chosen on the first call)."""
+    global _chosen
+    if _chosen is None:
+        name = webgpu_module()
+        if name:
+            try:
+                _chosen = importlib.import_module(name)
+            except ImportError as e:
+                raise DeviceError(f"the WebGPU package {name!r} (--backend / SHADERLM_WEBGPU) is not installed"
+                                  + (" (`pip install wgpudawn`)" if name == BACKENDS["dawn"] else "")
+                                  + f": {e}") from None
+        elif _has_adapter(_native):
+            _chosen = _native
+        else:
+            try:
+                dawn = importlib.import_module(BACKENDS["dawn"])
+            except ImportError:
+                dawn = None
+            _chosen = dawn if dawn is not None and _has_adapter(dawn) else _native
+    return _chosen
+
+
+def implementation() -> str:
+    """Which WebGPU package this process runs on, and its version."""
+    w = webgpu()
+    return f"{w.__name__} {getattr(w, '__version__', '')}".strip()
 
 
 def native_api():
     """wgpu-native's cffi handles (ffi, lib, libf) when the binding is wgpu-py, else None: another
     WebGPU package is used through its public API only."""
-    if wgpu.__name__ != "wgpu":
+    if webgpu() is not _native:
         return None
     try:
         from wgpu.backends.wgpu_native._api import ffi, lib, libf
@@ -26,6 +68,7 @@ def native_api():
     return ffi, lib, libf
 
 
+@functools.cache
 def raw_compute_calls():
     """(set_pipeline, set_bind_group, dispatch, NULL) straight from wgpu-native's C API, or None.
 

@@ -15,7 +15,7 @@ import numpy as np
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI complains when unset
 
 from ..errors import DeviceError  # noqa: E402
-from .backend import BufferUsage, MapMode, indexed_submission, wgpu  # noqa: E402
+from .backend import BufferUsage, MapMode, indexed_submission, webgpu  # noqa: E402
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
 UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
@@ -45,14 +45,14 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_size) sgs: u
 
 def list_adapters():
     try:
-        return list(wgpu.gpu.enumerate_adapters_sync())
+        return list(webgpu().gpu.enumerate_adapters_sync())
     except Exception:  # noqa: BLE001 - any backend failure means "none"
         return []
 
 
 def _default_adapter():
     try:
-        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+        adapter = webgpu().gpu.request_adapter_sync(power_preference="high-performance")
     except Exception as e:  # noqa: BLE001
         raise DeviceError(f"{NO_ADAPTER_HELP} ({e})") from None
     if adapter is None:
@@ -171,7 +171,7 @@ class Device:
         was being done and the adapter."""
         try:
             yield
-        except wgpu.GPUError as e:
+        except webgpu().GPUError as e:
             detail = " ".join(str(e).split())[:400]
             raise DeviceError(f"{doing} failed on {self.name}: {type(e).__name__}: {detail}") from e
 

@@ -10,8 +10,6 @@ from typing import Callable, Union
 
 from .backend import raw_compute_calls
 
-_RAW = raw_compute_calls()
-
 Grid = Union[tuple, Callable[[int], tuple]]
 
 
@@ -51,7 +49,7 @@ class Plan:
         return len(self.dispatches)
 
     def encode(self, cpass, n: int = 1):
-        if _RAW is not None:
+        if raw_compute_calls() is not None:
             return self._encode_raw(cpass, n)
         for d in self.dispatches:
             x, y, z = d.workgroups(n)
@@ -69,7 +67,7 @@ class Plan:
                 if x and y and z:
                     items.append((d.pipeline._internal, d.bind_group._internal, x, y, z))
             self._raw[n] = items
-        set_pipeline, set_bind_group, dispatch, null = _RAW
+        set_pipeline, set_bind_group, dispatch, null = raw_compute_calls()
         p = cpass._internal
         for pipe, bg, x, y, z in items:
             set_pipeline(p, pipe)
