@@ -23,6 +23,21 @@ vulkan:
 		else echo "no Vulkan driver found: install one (Debian/Ubuntu: sudo apt-get install mesa-vulkan-drivers)"; fi; \
 	fi
 
+# Dawn (`--backend dawn`, the wgpudawn package) finds no adapter on Debian 12's lavapipe (Mesa 22.3);
+# on Mesa 25's, from bookworm-backports, it does. As root on Debian 12, that driver is unpacked into
+# $(DAWN_VK)/ (nothing installed system-wide; it links the system's LLVM 15) for the Dawn pass below.
+DAWN_VK := .dawn-vk
+$(DAWN_VK)/lvp_icd.json:
+	@if [ "$$(id -u)" = 0 ] && grep -qx 'VERSION_CODENAME=bookworm' /etc/os-release 2>/dev/null; then \
+		mkdir -p $(DAWN_VK)/lists/partial && echo "deb http://deb.debian.org/debian bookworm-backports main" > $(DAWN_VK)/sources.list && \
+		o="-oDir::Etc::SourceList=$(CURDIR)/$(DAWN_VK)/sources.list -oDir::Etc::SourceParts=/dev/null -oDir::State::Lists=$(CURDIR)/$(DAWN_VK)/lists" && \
+		apt-get $$o update -qq && (cd $(DAWN_VK) && apt-get $$o download -qq mesa-vulkan-drivers 2>/dev/null) && \
+		dpkg -x $(DAWN_VK)/mesa-vulkan-drivers_*.deb $(DAWN_VK)/root && \
+		lib=$$(ls $(CURDIR)/$(DAWN_VK)/root/usr/lib/*/libvulkan_lvp.so) && \
+		sed 's#"library_path": *"[^"]*"#"library_path": "'$$lib'"#' $(DAWN_VK)/root/usr/share/vulkan/icd.d/lvp_icd.json > $@ \
+		|| echo "no lavapipe for Dawn: its pass is skipped"; \
+	fi
+
 run: vulkan $(VENV)/.ready
 	$(VENV)/bin/shaderlm run "$(PROMPT)" -n 64
 
@@ -33,15 +48,23 @@ run: vulkan $(VENV)/.ready
 #  - no subgroups (older Intel and mobile GPUs, some WebGPU implementations): the model-level tests;
 #  - f32 activations in the decode GEMVs (what the tuner picks where integer dots are slow): the same;
 #  - 16-lane subgroups (lavapipe's are 8, NVIDIA's 32, AMD's 32 or 64; llvmpipe's vector width sets
-#    it, and does nothing on a GPU): the tests of the kernels whose code depends on the size.
+#    it, and does nothing on a GPU): the tests of the kernels whose code depends on the size;
+#  - Dawn instead of wgpu-native (where a lavapipe it runs on was found; its WGSL compiler, Tint, is
+#    stricter than naga): greedy decoding of the synthetic models, fused and unfused, against the
+#    NumPy reference, and a serving step's batch invariance (paged attention, the batched sampler).
 SIZE_KERNELS := default and (gemv or matmul_types or matmul_fused or attention)
+DAWN_SERVING := tests/test_serving.py::test_batched_decode_is_single_stream_decode[fused-llama-tiny-k-Q4_K_M]
 
-test: vulkan $(VENV)/.ready
+test: vulkan $(VENV)/.ready $(DAWN_VK)/lvp_icd.json
 	$(VENV)/bin/lint-imports
 	$(PY) -m pytest -q
 	SHADERLM_NO_SUBGROUPS=1 $(PY) -m pytest -q tests/test_archs.py tests/test_model.py
 	SHADERLM_NO_X24=1 $(PY) -m pytest -q tests/test_archs.py tests/test_model.py
 	LP_NATIVE_VECTOR_WIDTH=512 $(PY) -m pytest -q tests/test_kernels.py -k "$(SIZE_KERNELS)"
+	@if [ -s $(DAWN_VK)/lvp_icd.json ]; then set -ex; export VK_DRIVER_FILES=$(CURDIR)/$(DAWN_VK)/lvp_icd.json SHADERLM_WEBGPU=dawn; \
+		$(PY) -m shaderlm info 2>/dev/null | grep '^WebGPU: wgpudawn'; \
+		$(PY) -m pytest -q tests/test_model.py "$(DAWN_SERVING)" -k "greedy or batched"; \
+	else echo "Dawn pass skipped: no lavapipe it runs on (Debian 12 as root fetches one)"; fi
 
 clean:
 	rm -rf $(VENV)
