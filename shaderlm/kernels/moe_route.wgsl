@@ -11,7 +11,7 @@ const RWG: u32 = {{WG}}u;
 @group(0) @binding(1) var<storage, read_write> route_ids: array<u32>;
 @group(0) @binding(2) var<storage, read_write> route_wts: array<f32>;
 
-const R_NEG: f32 = -3.4028235e38;
+const R_NEG: f32 = -0x1.fffffep+127f;      // -FLT_MAX, exactly (Tint refuses a literal past it)
 var<workgroup> r_vals: array<f32, RE>;
 var<workgroup> r_picked: array<u32, RK>;
 var<workgroup> r_total: f32;
