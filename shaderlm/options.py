@@ -69,7 +69,7 @@ BACKENDS = {"wgpu": "wgpu", "dawn": "wgpudawn"}      # --backend name -> the pac
 
 
 def webgpu_module() -> str | None:
-    """The WebGPU package gpu/backend.py imports (read when it is first imported); None: not chosen."""
+    """The WebGPU package gpu/backend.py takes (read when a command first reaches the GPU); None: not chosen."""
     name = os.environ.get("SHADERLM_WEBGPU") or None
     return BACKENDS.get(name, name)
 
