@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -51,6 +52,59 @@ def test_router_prefers_the_replica_with_a_clearly_longer_prefix():
     assert sorted(choose(pending(turn1 + [7] * 8))[0]) == ["a", "b"]
 
 
+def _descendants(pid: int) -> set[int]:
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    out, todo = set(), [pid]
+    while todo:
+        p = todo.pop()
+        kids = [c for c, pp in parent.items() if pp == p and c not in out]
+        out.update(kids)
+        todo += kids
+    return out
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc for the processes Ray started")
+def test_sigterm_takes_the_application_and_ray_down(tiny_gguf):
+    """`serve --replicas` stopped as a service manager stops it: a clean exit, and the local Ray it started
+    (and so every replica) gone with it. (Before runs the fixture below: no Ray in this process yet.)"""
+    import subprocess
+    import sys
+    port = 8733
+    proc = subprocess.Popen([sys.executable, "-m", "shaderlm", "serve", "-m", tiny_gguf, "--replicas", "1",
+                             "--parallel", "2", "-c", "128", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not any("serving on" in line for line in lines):       # printed once it handles SIGTERM
+            assert proc.poll() is None and time.monotonic() < deadline, "".join(lines)[-3000:]
+            time.sleep(0.2)
+        _wait_for(f"http://127.0.0.1:{port}", lambda h: h["replicas_ready"] == 1)
+        started = _descendants(proc.pid)
+        assert started, "Ray started no processes?"
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+        reader.join(timeout=10)
+    finally:
+        proc.kill()
+    out = "".join(lines)
+    assert proc.returncode == 0, out[-3000:]
+    assert "SIGTERM received" not in out        # Ray's handler's crash report
+    deadline = time.monotonic() + 20
+    while (left := {p for p in started if os.path.exists(f"/proc/{p}")}) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, [open(f"/proc/{p}/cmdline").read().replace("\0", " ")[:100] for p in left]
+
+
 @pytest.fixture(scope="module")
 def replicas(synth_gguf):
     from shaderlm.server import replicas
@@ -66,10 +120,14 @@ def replicas(synth_gguf):
 
 
 def _wait_for(url, ok, timeout=90.0) -> dict:
+    """/health's answer (200 or 503) once ok(answer); a server not listening yet is waited for."""
     deadline = time.monotonic() + timeout
     while True:
-        health = httpx.get(url + "/health", timeout=10).json()
-        if ok(health):
+        try:
+            health = httpx.get(url + "/health", timeout=10).json()
+        except (httpx.TransportError, ValueError):      # not listening, or Ray's proxy before the app is up
+            health = None
+        if health is not None and ok(health):
             return health
         assert time.monotonic() < deadline, health
         time.sleep(0.5)

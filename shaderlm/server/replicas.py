@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import os
 import random
+import signal
 import threading
 import time
 from collections import OrderedDict
@@ -337,8 +338,12 @@ def start(model: str | None = None, *, host: str = "127.0.0.1", port: int = 8080
 
 
 def serve_replicas(model: str | None = None, **kw) -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted (Ctrl-C, or SIGTERM as a service manager sends it): then take the application
+    down, and Ray with it when this started it."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
     app = start(model, **kw)
+    signal.signal(signal.SIGTERM, stop)          # after Ray's start, which installs a handler of its own
     print(f"shaderlm: serving on {app.url} through Ray Serve (OpenAI API under /v1, a chat page at /)", flush=True)
     try:
         while True:
