@@ -40,15 +40,21 @@ def top_k(logits: np.ndarray, k: int, renorm: bool):
     return ids, picked / (picked.sum(1, keepdims=True) if renorm else p.sum(1, keepdims=True))
 
 
-@pytest.mark.parametrize("experts,k,renorm", [(8, 2, True), (128, 8, True), (65, 4, False), (4, 4, True)])
-def test_moe_route(experts, k, renorm):
-    dev = get_device()
+@pytest.mark.parametrize("experts,k,renorm", [(8, 2, True), (128, 8, True), (65, 4, False), (4, 4, True),
+                                               (256, 8, True)])
+def test_moe_route(dev, experts, k, renorm):
+    """Both pickers (subgroup rounds, and ranking in workgroup memory) against NumPy's sort."""
     rng = np.random.default_rng(experts + k)
-    n = 7
+    n = 8
     logits = rng.standard_normal((n, experts)).astype(np.float32)
     logits[1, :] = 0.5                            # all tied: the k lowest ids
     logits[2, [3, experts - 1]] = 9.0             # a tie at the top
     logits[3, 0] = np.nan                         # NaN ranks last
+    logits[4, :] = -np.inf                        # -inf and NaN tie with each other, last
+    logits[4, ::3] = np.nan
+    logits[4, 1] = -3.0
+    logits[5, : k + 1] = np.nextafter(np.float32(1.0), np.float32(2.0))   # a tie just past the k-th
+    logits[5, k + 1:] = 1.0
     lb, ib, wb = dev.upload(logits), dev.buffer(4 * n * k), dev.buffer(4 * n * k)
     run(dev, ops.moe_route(dev, lb, ib, wb, experts=experts, k=k, renorm=renorm), n)
     want_ids, want_w = top_k(logits, k, renorm)

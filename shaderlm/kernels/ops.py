@@ -83,10 +83,13 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
 def moe_route(dev, logits, ids, weights, *, experts: int, k: int, renorm: bool, batch: int = 0) -> Dispatch:
     """Each token's k experts with the largest router `logits` (rows of `experts` floats) into `ids`
     and their weights into `weights` (k per token): the softmax over the k (`renorm`) or over all."""
-    wg = min(256, max(64, 1 << (experts - 1).bit_length()), dev.limit("max-compute-invocations-per-workgroup", 256))
-    if k > wg:
-        raise ValueError(f"{k} experts a token: at most {wg}")
-    pipe = pipeline(dev, "moe_route", E=experts, K=k, RNORM=renorm, WG=wg)
+    # subgroup rounds where a 64-wide workgroup is whole subgroups and a lane's experts fit its 32-bit mask
+    sg_pick = dev.has_subgroups and 64 % dev.subgroup_size == 0 and experts <= 32 * dev.subgroup_size
+    wg = 64 if sg_pick else min(256, max(64, 1 << (experts - 1).bit_length()),
+                                dev.limit("max-compute-invocations-per-workgroup", 256))
+    if k > experts:
+        raise ValueError(f"{k} experts a token out of {experts}")
+    pipe = pipeline(dev, "moe_route", E=experts, K=k, RNORM=renorm, WG=wg, SG_PICK=sg_pick)
     bg = dev.bind_group(pipe, [logits, ids, weights])
     return Dispatch(pipe, bg, (batch, 1, 1) if batch else (lambda n: (n, 1, 1)), label="moe_route")
 
