@@ -15,6 +15,7 @@ import traceback
 
 from . import __version__
 from .errors import ShaderLMError
+from .options import BACKENDS
 
 
 # ---- argument types: a bad value is an argparse error naming the flag -----------------------------
@@ -271,7 +272,7 @@ def cmd_convert(args):
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="shaderlm", description="LLMs on any GPU through WebGPU compute shaders")
     ap.add_argument("--version", action="version", version=f"shaderlm {__version__}")
-    ap.add_argument("--backend", choices=["wgpu", "dawn"],
+    ap.add_argument("--backend", choices=sorted(BACKENDS),
                     help="the WebGPU implementation: wgpu (wgpu-native, the default) or dawn (`pip install "
                          "wgpudawn`); default: wgpu, or dawn where only Dawn finds an adapter")
     sub = ap.add_subparsers(dest="cmd", required=True)

@@ -49,8 +49,9 @@ class Plan:
         return len(self.dispatches)
 
     def encode(self, cpass, n: int = 1):
-        if raw_compute_calls() is not None:
-            return self._encode_raw(cpass, n)
+        raw = raw_compute_calls()
+        if raw is not None:
+            return self._encode_raw(cpass, n, raw)
         for d in self.dispatches:
             x, y, z = d.workgroups(n)
             if x and y and z:
@@ -58,7 +59,7 @@ class Plan:
                 cpass.set_bind_group(0, d.bind_group)
                 cpass.dispatch_workgroups(x, y, z)
 
-    def _encode_raw(self, cpass, n: int):
+    def _encode_raw(self, cpass, n: int, raw):
         items = self._raw.get(n)
         if items is None:
             items = []
@@ -67,7 +68,7 @@ class Plan:
                 if x and y and z:
                     items.append((d.pipeline._internal, d.bind_group._internal, x, y, z))
             self._raw[n] = items
-        set_pipeline, set_bind_group, dispatch, null = raw_compute_calls()
+        set_pipeline, set_bind_group, dispatch, null = raw
         p = cpass._internal
         for pipe, bg, x, y, z in items:
             set_pipeline(p, pipe)
