@@ -18,6 +18,9 @@ rounding):
     SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
     SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 1)
     SHADERLM_Q8_TILE=TM,TV    the int8 prefill GEMM's tile (16 TM rows x 64 TV tokens) for every matrix
+    SHADERLM_SHADER_CHECKS=bounds|all|none   wgpu-native's runtime checks in the kernels: bounds checks
+                              on array accesses (default), plus a counter in every loop that ends it
+                              if it never would (all: what the plain WebGPU API compiles), or neither
 """
 from __future__ import annotations
 
@@ -72,6 +75,17 @@ def webgpu_module() -> str | None:
     """The WebGPU package gpu/backend.py takes (read when a command first reaches the GPU); None: not chosen."""
     name = os.environ.get("SHADERLM_WEBGPU") or None
     return BACKENDS.get(name, name)
+
+
+SHADER_CHECKS = ("bounds", "all", "none")
+
+
+def shader_checks() -> str:
+    """Which of wgpu-native's runtime checks kernels are compiled with (gpu/backend.py shader_module)."""
+    raw = os.environ.get("SHADERLM_SHADER_CHECKS") or SHADER_CHECKS[0]
+    if raw not in SHADER_CHECKS:
+        raise ShaderLMError(f"SHADERLM_SHADER_CHECKS={raw!r}: expected one of {', '.join(SHADER_CHECKS)}")
+    return raw
 
 
 def _flag(env, name: str) -> bool:

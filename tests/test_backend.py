@@ -75,3 +75,74 @@ def test_backend_flag_reaches_dawn():
         errors = [line for line in r.stderr.splitlines() if line.startswith("shaderlm: error:")]
         assert errors and "no WebGPU adapter found" in errors[0] and "Dawn" in errors[0], r.stderr[-2000:]
         assert "Traceback" not in r.stderr
+
+
+# ---- wgpu-native's runtime checks (SHADERLM_SHADER_CHECKS) ----
+
+_IDS = """
+import json, sys
+import numpy as np
+import shaderlm
+ids = [int(i) for i in np.random.default_rng(1).integers(3, 290, 40)]
+out = {}
+for path in sys.argv[1:]:
+    m = shaderlm.load(path, progress=False)
+    out[path] = m.generate_tokens(ids, max_tokens=12, stop_at_eos=False)
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.skipif(os.environ.get("SHADERLM_WEBGPU") not in (None, "", "wgpu"), reason="wgpu-native's checks")
+@pytest.mark.parametrize("paths", [{}, {"SHADERLM_FUSE": "1", "SHADERLM_EXACT_PREFILL": "0"}],
+                         ids=["adapter's paths", "GPU paths"])
+def test_every_runtime_check_mode_gives_the_same_tokens(synth_gguf, paths):
+    """Leaving out loop bounding (the default) or the bounds checks too changes no result: a kernel that
+    relied on a check (an index past its array, clamped or zeroed by it) would show here. A prompt
+    batch then decode steps, dense and mixture-of-experts, on the kernels this adapter takes and on
+    those GPUs take (fused decode, int8 prefill)."""
+    models = [synth_gguf(preset="tiny", arch="llama", quant="Q4_K_M", seed=3),
+              synth_gguf(preset="tiny", arch="qwen3moe", quant="Q4_K_M", seed=3)]
+    runs = {}
+    for mode in ("all", "bounds", "none"):
+        env = dict(os.environ, SHADERLM_SHADER_CHECKS=mode, SHADERLM_TUNE="0", **paths)
+        r = subprocess.run([sys.executable, "-c", _IDS, *models], capture_output=True, text=True, env=env,
+                           timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        runs[mode] = r.stdout
+    assert runs["bounds"] == runs["all"] and runs["none"] == runs["all"]
+
+
+def test_runtime_check_modes_reach_wgpu_native(monkeypatch):
+    """Each mode compiles with its flags (wgpuDeviceCreateShaderModuleTrusted's runtimeChecks)."""
+    api = backend.native_api()
+    if api is None:
+        pytest.skip("not on wgpu-native")
+    ffi, lib, libf = api
+    from shaderlm.gpu.device import get_device
+    device = get_device().device
+    seen = []
+
+    class Spy:
+        def __getattr__(self, name):
+            return getattr(libf, name)
+
+        def wgpuDeviceCreateShaderModuleTrusted(self, dev, desc, checks):
+            seen.append(checks)
+            return libf.wgpuDeviceCreateShaderModuleTrusted(dev, desc, checks)
+    monkeypatch.setattr(backend, "native_api", lambda: (ffi, lib, Spy()))
+    code = "@compute @workgroup_size(1) fn main() {}"
+    for mode in ("all", "bounds", "none"):
+        monkeypatch.setenv("SHADERLM_SHADER_CHECKS", mode)
+        backend.shader_module(device, code, f"empty {mode}")
+    monkeypatch.delenv("SHADERLM_SHADER_CHECKS")
+    backend.shader_module(device, code, "empty default")
+    bounds, loops = lib.WGPUShaderRuntimeChecks_BoundsChecks, lib.WGPUShaderRuntimeChecks_ForceLoopBounding
+    assert seen == [bounds | loops, bounds, 0, bounds]
+
+
+def test_a_bad_runtime_check_mode_is_one_clear_error(tiny_gguf):
+    env = dict(os.environ, SHADERLM_SHADER_CHECKS="sometimes")
+    r = subprocess.run([sys.executable, "-m", "shaderlm", "run", "-m", tiny_gguf, "-n", "2", "hi"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    assert "SHADERLM_SHADER_CHECKS='sometimes': expected one of bounds, all, none" in r.stderr

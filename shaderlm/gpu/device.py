@@ -15,7 +15,8 @@ import numpy as np
 os.environ.setdefault("XDG_RUNTIME_DIR", tempfile.gettempdir())  # Mesa's WSI complains when unset
 
 from ..errors import DeviceError  # noqa: E402
-from .backend import BufferUsage, MapMode, indexed_submission, webgpu  # noqa: E402
+from ..options import shader_checks  # noqa: E402
+from .backend import BufferUsage, MapMode, indexed_submission, shader_module, webgpu  # noqa: E402
 
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
 UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
@@ -96,6 +97,7 @@ class Device:
         """`spec`: adapter index or name substring, or "peer:K", the K-th (round-robin) adapter like the
         default one (default: the high-performance adapter).
         `subgroups=False` leaves the subgroup feature off (the kernels use workgroup memory instead)."""
+        shader_checks()                     # a bad SHADERLM_SHADER_CHECKS is named before any work
         self.adapter = _pick_adapter(spec)
         feats = set(self.adapter.features)
         want = [f for f in OPTIONAL_FEATURES if f in feats and (subgroups or f != "subgroup")]
@@ -202,7 +204,7 @@ class Device:
     def compile(self, code: str, label: str = ""):
         """A compute pipeline (entry point `main`, layout from the shader) from WGSL source."""
         try:
-            module = self.device.create_shader_module(code=code, label=label)
+            module = shader_module(self.device, code, label)
             return self.device.create_compute_pipeline(layout="auto",
                                                        compute={"module": module, "entry_point": "main"},
                                                        label=label)
