@@ -11,6 +11,7 @@ import pytest
 
 from shaderlm.errors import DeviceError
 from shaderlm.gpu import backend
+from shaderlm.options import shader_checks
 
 
 def _fake(name: str, adapters) -> types.ModuleType:
@@ -132,10 +133,9 @@ def test_runtime_check_modes_reach_wgpu_native(monkeypatch):
     monkeypatch.setattr(backend, "native_api", lambda: (ffi, lib, Spy()))
     code = "@compute @workgroup_size(1) fn main() {}"
     for mode in ("all", "bounds", "none"):
-        monkeypatch.setenv("SHADERLM_SHADER_CHECKS", mode)
-        backend.shader_module(device, code, f"empty {mode}")
-    monkeypatch.delenv("SHADERLM_SHADER_CHECKS")
-    backend.shader_module(device, code, "empty default")
+        backend.shader_module(device, code, f"empty {mode}", mode)
+    monkeypatch.delenv("SHADERLM_SHADER_CHECKS", raising=False)
+    backend.shader_module(device, code, "empty default", shader_checks())
     bounds, loops = lib.WGPUShaderRuntimeChecks_BoundsChecks, lib.WGPUShaderRuntimeChecks_ForceLoopBounding
     assert seen == [bounds | loops, bounds, 0, bounds]
 

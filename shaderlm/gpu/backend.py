@@ -12,7 +12,7 @@ import importlib
 import wgpu as _native
 
 from ..errors import DeviceError
-from ..options import BACKENDS, shader_checks, webgpu_module
+from ..options import BACKENDS, webgpu_module
 
 # WebGPU's flag values, the same in every implementation of the API
 BufferUsage = _native.BufferUsage
@@ -82,16 +82,18 @@ def raw_compute_calls():
             lib.wgpuComputePassEncoderDispatchWorkgroups, ffi.NULL)
 
 
-def shader_module(device, code: str, label: str):
-    """A WGSL shader module. On wgpu-native, with the runtime checks SHADERLM_SHADER_CHECKS names: by
-    default bounds checks but no loop bounding, a counter in every loop that ends it if it never would
-    (a guard against shaders from the web that costs every decode step and prompt here: every loop of
-    these kernels ends by a count; docs/performance.md). Other WebGPU packages compile it as the API does."""
+def shader_module(device, code: str, label: str, checks: str):
+    """A WGSL shader module. On wgpu-native, with the runtime `checks` (options.SHADER_CHECKS): by default
+    bounds checks but no loop bounding, a counter in every loop that ends it if it never would (a guard
+    against shaders from the web that costs every decode step and prompt here: every loop of these
+    kernels ends by a count; docs/performance.md). Other WebGPU packages compile it as the API does."""
     api = native_api()
     if api is None:
         return device.create_shader_module(code=code, label=label)
     ffi, lib, libf = api
     from wgpu.backends.wgpu_native._api import GPUShaderModule
+    bounds, loops = lib.WGPUShaderRuntimeChecks_BoundsChecks, lib.WGPUShaderRuntimeChecks_ForceLoopBounding
+    flags = {"bounds": bounds, "all": bounds | loops, "none": lib.WGPUShaderRuntimeChecks_None}[checks]
     text, name = ffi.new("char[]", code.encode()), ffi.new("char[]", label.encode())
     src = ffi.new("WGPUShaderSourceWGSL *")
     src.chain.next = ffi.NULL
@@ -100,13 +102,7 @@ def shader_module(device, code: str, label: str):
     desc = ffi.new("WGPUShaderModuleDescriptor *")
     desc.nextInChain = ffi.cast("WGPUChainedStruct *", src)
     desc.label.data, desc.label.length = name, len(name) - 1
-    mode = shader_checks()
-    checks = lib.WGPUShaderRuntimeChecks_None
-    if mode in ("bounds", "all"):
-        checks |= lib.WGPUShaderRuntimeChecks_BoundsChecks
-    if mode == "all":
-        checks |= lib.WGPUShaderRuntimeChecks_ForceLoopBounding
-    return GPUShaderModule(label, libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, checks), device)
+    return GPUShaderModule(label, libf.wgpuDeviceCreateShaderModuleTrusted(device._internal, desc, flags), device)
 
 
 def parallel_compile_ok() -> bool:

@@ -97,7 +97,7 @@ class Device:
         """`spec`: adapter index or name substring, or "peer:K", the K-th (round-robin) adapter like the
         default one (default: the high-performance adapter).
         `subgroups=False` leaves the subgroup feature off (the kernels use workgroup memory instead)."""
-        shader_checks()                     # a bad SHADERLM_SHADER_CHECKS is named before any work
+        self.shader_checks = shader_checks()     # read once; a bad value is named before any work
         self.adapter = _pick_adapter(spec)
         feats = set(self.adapter.features)
         want = [f for f in OPTIONAL_FEATURES if f in feats and (subgroups or f != "subgroup")]
@@ -204,7 +204,7 @@ class Device:
     def compile(self, code: str, label: str = ""):
         """A compute pipeline (entry point `main`, layout from the shader) from WGSL source."""
         try:
-            module = shader_module(self.device, code, label)
+            module = shader_module(self.device, code, label, self.shader_checks)
             return self.device.create_compute_pipeline(layout="auto",
                                                        compute={"module": module, "entry_point": "main"},
                                                        label=label)
