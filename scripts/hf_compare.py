@@ -82,8 +82,10 @@ def check(args):
         refs = np.load(os.path.join(args.dir, f"{case}.npz"))
         ctx = meta["ctx"].get(case, 64)
         for source, (path, kw, ref) in c["sources"].items():
-            # the exact (f32) prompt path: GPUs default to the int8 one, not exact (its error in the last column)
-            m = shaderlm.load(os.path.join(args.dir, path), progress=False, ctx=ctx, exact_prefill=True, **kw)
+            # the exact paths (f32 prompts, 24-bit decode activations): GPUs default to int8 ones, not exact
+            # (the int8 prompt path's error in the last column)
+            m = shaderlm.load(os.path.join(args.dir, path), progress=False, ctx=ctx, exact_prefill=True,
+                              int8_act=False, **kw)
             m8 = shaderlm.load(os.path.join(args.dir, path), progress=False, ctx=ctx, exact_prefill=False, **kw)
             worst = worst8 = 0.0
             for i, ids in enumerate(meta["prompts"]):

@@ -66,14 +66,24 @@ def _model_args(p, gen=True):
         p.add_argument("--tokens-per-submit", type=_int_at_least(1), default=8, help="decode steps per GPU submit")
 
 
+class _Exact(argparse.Action):
+    """--exact: both exact paths at once (the f32 prefill GEMM and 24-bit decode activations)."""
+    def __call__(self, parser, namespace, values, option_string=None):
+        namespace.int8_act, namespace.exact_prefill = False, True
+
+
 def add_precision(p):
-    # defaults None, not False: without a flag, shaderlm.load falls back to SHADERLM_INT8_ACT / _EXACT_PREFILL
+    # defaults None, not False: without a flag, shaderlm.load falls back to SHADERLM_INT8_ACT / _EXACT_PREFILL,
+    # then to what the adapter suits (int8 activations on GPUs, exact arithmetic on CPU adapters)
     p.add_argument("--int8-act", action="store_true", default=None,
-                   help="decode GEMVs round x to int8 and use integer dot products where the weight type has "
-                        "them (faster, not bit-exact)")
+                   help="decode GEMVs round x to int8 per 16 values and use integer dot products where the "
+                        "weight type has them (the default on GPUs: faster, not bit-exact)")
     p.add_argument("--exact-prefill", action="store_true", default=None,
                    help="prompts through the f32 GEMM (default on GPUs: x rounded to int8 per 16 values, "
                         "integer dot products; faster, not bit-exact)")
+    p.add_argument("--exact", action=_Exact, nargs=0, default=argparse.SUPPRESS,
+                   help="exact arithmetic in prefill and decode: the f32 prefill GEMM and decode activations "
+                        "as 24-bit fixed point (within f32 rounding; the default on CPU adapters)")
 
 
 def _load(args, **kw):

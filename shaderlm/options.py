@@ -4,7 +4,8 @@ User settings (each also a CLI flag and a `shaderlm.load` keyword):
     SHADERLM_DEVICE      adapter index or name substring (--device)
     SHADERLM_TUNE        auto (tune on GPUs, not on CPU adapters) | 1 (always) | 0 (never, no cache)
     SHADERLM_CACHE_DIR   where tuned kernel shapes are kept (default ~/.cache/shaderlm)
-    SHADERLM_INT8_ACT    1: decode GEMVs round activations to int8 (faster, not exact; --int8-act)
+    SHADERLM_INT8_ACT    1: decode GEMVs round activations to int8 per 16 values (faster, not exact;
+                         --int8-act), 0: 24-bit fixed point (default: int8 on GPUs, 24-bit on CPU adapters)
     SHADERLM_EXACT_PREFILL  1: prompts through the f32 GEMM, 0: the int8 one (default: int8 on GPUs, f32 on
                          CPU adapters; --exact-prefill)
     SHADERLM_WEBGPU      the WebGPU implementation: wgpu (wgpu-native), dawn (the `wgpudawn` package), or the
@@ -16,7 +17,8 @@ rounding):
     SHADERLM_FUSE=0|1         the fused decode step off/on (default: on for GPUs, off for CPU adapters)
     SHADERLM_NO_X24=1         f32 activations in the decode GEMVs instead of 24-bit fixed point
     SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
-    SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 1)
+    SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 2 with
+                              int8 activations, 1 with 24-bit ones)
     SHADERLM_Q8_TILE=TM,TV    the int8 prefill GEMM's tile (16 TM rows x 64 TV tokens) for every matrix
     SHADERLM_SHADER_CHECKS=bounds|all|none   wgpu-native's runtime checks in the kernels: bounds checks
                               on array accesses (default), plus a counter in every loop that ends it
@@ -38,13 +40,14 @@ class Options:
     device: str | None = None           # adapter index or name substring; None: high-performance
     tune: str = "auto"                  # auto | 1 | 0 (see TUNE_MODES)
     cache_dir: str | None = None        # tuned shapes; None: ~/.cache/shaderlm
-    int8_act: bool = False
+    int8_act: bool | None = None        # int8 x in the decode GEMVs; None: the adapter decides (not on CPUs)
     exact_prefill: bool | None = None   # the f32 prefill GEMM; None: the adapter decides (f32 on CPUs)
     subgroups: bool = True              # use subgroup operations where the adapter has them
     fuse: bool | None = None            # the fused decode step; None: the adapter decides
     x24: bool = True                    # 24-bit fixed-point activations in the decode GEMVs
     attention_shape: tuple | None = None  # the decode attention kernel's shape override
-    batch_tokens: int = 1               # tokens a workgroup of a batched decode GEMV computes at most
+    batch_tokens: int | None = None     # tokens a workgroup of a batched decode GEMV computes at most;
+                                        # None: what suits the activations (2 for int8, 1 for 24-bit)
     q8_tile: tuple | None = None        # the int8 prefill GEMM's tile override
 
     def replace(self, **changes) -> "Options":
@@ -59,13 +62,14 @@ class Options:
             raise ShaderLMError(f"SHADERLM_TUNE={tune!r}: use one of {', '.join(TUNE_MODES)}")
         fuse = env.get("SHADERLM_FUSE")
         exact = env.get("SHADERLM_EXACT_PREFILL")
+        int8 = env.get("SHADERLM_INT8_ACT")
         return cls(device=env.get("SHADERLM_DEVICE") or None, tune=tune,
                    cache_dir=env.get("SHADERLM_CACHE_DIR") or None,
-                   int8_act=_flag(env, "SHADERLM_INT8_ACT"),
+                   int8_act=None if int8 in (None, "") else int8 != "0",
                    exact_prefill=None if exact in (None, "") else exact != "0", subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
                    fuse=None if fuse in (None, "") else fuse != "0", x24=not _flag(env, "SHADERLM_NO_X24"),
                    attention_shape=_ints(env, "SHADERLM_ATTN"),
-                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (1,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
+                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (None,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
 
 
 BACKENDS = {"wgpu": "wgpu", "dawn": "wgpudawn"}      # --backend name -> the package with wgpu-py's API

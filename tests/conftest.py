@@ -20,6 +20,9 @@ os.environ.setdefault("SHADERLM_TUNE", "0")
 # references; the int8 GEMM (the GPU default) is tested on its own terms (test_kernels.py's int8 tests,
 # test_model.py and test_real_model.py's int8 prefill tests, which ask for it).
 os.environ.setdefault("SHADERLM_EXACT_PREFILL", "1")
+# Likewise decode GEMVs take 24-bit activations (the exact path); int8 activations (the GPU default) are
+# tested on their own terms (test_kernels.py's int8 GEMV tests, test_model.py, test_serving.py).
+os.environ.setdefault("SHADERLM_INT8_ACT", "0")
 
 # The real-model reference tests run each path on the prompts that cover it; SHADERLM_FULL_TESTS=1 runs
 # every stored prompt through every path (several times longer on a CPU adapter).

@@ -94,13 +94,14 @@ print(json.dumps(out))
 
 
 @pytest.mark.skipif(os.environ.get("SHADERLM_WEBGPU") not in (None, "", "wgpu"), reason="wgpu-native's checks")
-@pytest.mark.parametrize("paths", [{}, {"SHADERLM_FUSE": "1", "SHADERLM_EXACT_PREFILL": "0"}],
+@pytest.mark.parametrize("paths", [{}, {"SHADERLM_FUSE": "1", "SHADERLM_EXACT_PREFILL": "0",
+                                                                 "SHADERLM_INT8_ACT": "1"}],
                          ids=["adapter's paths", "GPU paths"])
 def test_every_runtime_check_mode_gives_the_same_tokens(synth_gguf, paths):
     """Leaving out every check changes no result (the default leaves out only loop bounding): a kernel
     that relied on one (an index past its array, clamped or zeroed by it) would show here. A prompt
     batch then decode steps, dense and mixture-of-experts (Qwen3-30B-A3B's 128 experts, 8 a token), on
-    the kernels this adapter takes and on those GPUs take (fused decode, int8 prefill)."""
+    the kernels this adapter takes and on those GPUs take (fused decode, int8 activations)."""
     models = [synth_gguf(preset="tiny", arch="llama", quant="Q4_K_M", seed=3),
               synth_gguf(preset="tiny", arch="qwen3moe", quant="Q4_K_M", seed=3, n_experts=128, n_experts_used=8)]
     runs = {}

@@ -49,6 +49,18 @@ def test_run_reads_stdin_and_prints_stats(tiny_gguf, monkeypatch, capsys):
     assert re.search(r"decode: \d+ tok, [0-9.]+ tok/s \| \d+ dispatches/token", cap.err), cap.err
 
 
+@pytest.mark.parametrize("flags,want", [([], (None, None)), (["--exact"], (False, True)),
+                                        (["--int8-act"], (True, None)), (["--exact-prefill"], (None, True))])
+def test_precision_flags_reach_the_model(tiny_gguf, monkeypatch, capsys, flags, want):
+    """--exact asks for both exact paths, the other flags for one each; unset ones are left to the adapter."""
+    import shaderlm
+    seen = []
+    real = shaderlm.load
+    monkeypatch.setattr(shaderlm, "load", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    assert main(["run", "-m", tiny_gguf, "--raw", "-n", "2", "--ctx", "64", *flags, "hi"]) == 0
+    assert [(kw["int8_act"], kw["exact_prefill"]) for kw in seen] == [want]
+
+
 def test_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out

@@ -1175,7 +1175,7 @@ def int8_rounded(x):
 
 @pytest.mark.parametrize("case", INT_DOT_CASES)
 def test_gemv_int8_x(dev, case):
-    """The opt-in int8-activation GEMV (weights flagged int8_x) computes the dot of the dequantized
+    """The int8-activation GEMV (the GPU default) (weights flagged int8_x) computes the dot of the dequantized
     weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
     with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
     c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2) if "steps" in case else None)

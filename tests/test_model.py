@@ -107,7 +107,7 @@ def test_split_weights_match(synth_gguf):
     from shaderlm.engine.generate import Generator
     from shaderlm.models import open_model
     m = open_model(path)
-    net = m.arch(dev, m.source, m.args, ctx=32, batch=16, exact_prefill=True)     # the f32 reference's tolerance
+    net = m.arch(dev, m.source, m.args, ctx=32, batch=16, exact_prefill=True, int8_act=False)  # f32 tolerance
     assert len(net.tok_embd.chunks) > 1 and len(net.layers[0].down.chunks) > 1
     ids = _ids(m.args.vocab_size, 21, 3)
     got = Generator(net).logits(ids)
@@ -186,10 +186,40 @@ def test_int8_act_decode(models, name):
     assert bad is None, bad
 
 
+@pytest.mark.parametrize("env,want", [({}, None), ({"SHADERLM_INT8_ACT": "1"}, True),
+                                      ({"SHADERLM_INT8_ACT": "0"}, False), ({"SHADERLM_INT8_ACT": ""}, None)])
+def test_int8_act_setting(env, want):
+    """SHADERLM_INT8_ACT: 1 forces int8 decode activations, 0 forces 24-bit ones, unset leaves it to the adapter."""
+    assert Options.from_env(env).int8_act is want
+
+
+def test_precision_follows_the_adapter(synth_gguf, monkeypatch):
+    """Left unset, a GPU (here the adapter made to report itself as one, then as a CPU) takes int8 activations in decode
+    and prefill and shares each batched GEMV weight load between 2 tokens; a CPU adapter takes the exact
+    paths (24-bit decode activations, the f32 GEMM), and so does any adapter told int8_act=False and
+    exact_prefill=True (the CLI's --exact)."""
+    for name in ("SHADERLM_INT8_ACT", "SHADERLM_EXACT_PREFILL", "SHADERLM_BATCH_NT"):      # conftest's
+        monkeypatch.delenv(name, raising=False)
+    path = synth_gguf(seed=1, **CASES["llama-Q4_K_M"])
+
+    def precision(m):
+        keys = [d.tune.key for d in m.net.plan_decode.dispatches if d.label.startswith("gemv.")]
+        return m.net.int8_act, m.net.int8_prefill, m.net.batch_tokens, sum("int8x" in k for k in keys), len(keys)
+
+    monkeypatch.setattr(Device, "is_cpu", property(lambda self: True))
+    cpu = precision(shaderlm.load(path, progress=False, tune="0"))
+    assert cpu[:4] == (False, False, 1, 0) and cpu[4] > 0
+    monkeypatch.setattr(Device, "is_cpu", property(lambda self: False))
+    gpu = precision(shaderlm.load(path, progress=False, tune="0"))
+    assert gpu[:3] == (True, True, 2) and gpu[3] == gpu[4] > 0        # every GEMV's type has an int8 decoder
+    exact = precision(shaderlm.load(path, progress=False, tune="0", int8_act=False, exact_prefill=True))
+    assert exact[:4] == (False, False, 1, 0)
+
+
 @pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-Q4_1"])
 def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
-    """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default
-    (kernels/gemv.py x24_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
+    """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default on
+    CPU adapters (and with --exact on GPUs; kernels/gemv.py x24_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
     builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
     f32 x; here 24 steps with no near-tie allowance)."""
     if not Options.from_env().x24:

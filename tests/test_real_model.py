@@ -237,6 +237,28 @@ def test_int8_prefill(int8_model, logits_of):
     assert abs(nll8 / nll32 - 1) <= INT8_NLL_RTOL, f"int8 prefill NLL {nll8:.2f} against f32 {nll32:.2f}"
 
 
+# Greedy decoding on the GPU default (int8 activations in prefill and decode) may flip a near-tie: a
+# step must match the reference where its top-1/top-2 margin is over INT8_GREEDY_TOL. Measured here
+# (lavapipe): all 32 steps of four prompts match, and "english" flips at step 27, a margin of 0.07.
+INT8_GREEDY_TOL = 1.0
+
+
+@pytest.mark.parametrize("name", full_only(NAMES, ("code",)))
+def test_int8_greedy_continuation(name):
+    """The GPU default as a whole (int8 activations in prefill and in every decode GEMV, several tokens
+    a submit) follows the reference's greedy tokens under the near-tie rule (the default prompt, "code",
+    has 8 steps over INT8_GREEDY_TOL before its first under it)."""
+    import shaderlm
+    m = shaderlm.load(GGUF_PATH, exact_prefill=False, int8_act=True)
+    assert m.net.int8_act and m.net.int8_prefill
+    want = [int(i) for i in ref(name, "greedy_ids")]
+    margins = ref(name, "greedy_margin")
+    got = [int(t) for t in m.generate_tokens(prompt_ids(name), N_GEN, temperature=0.0, stop_at_eos=False)]
+    div = first_divergence(want, margins, got, INT8_GREEDY_TOL)
+    assert div is None, (f"{name}: int8 greedy diverges at step {div.step} from the reference "
+                         f"({describe(div.ref_token)} against {describe(div.got_token)}, margin {div.margin:.3f})")
+
+
 @pytest.mark.parametrize("name", full_only(NAMES, ("chat",)))
 def test_greedy_continuation(model, name):
     ids = prompt_ids(name)

@@ -43,17 +43,20 @@ def _generate_batched(sv: Serving, prompts: dict, n: int, k: int = 4) -> dict:
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0"),
                                                ("qwen3", "tiny", "Q4_1"), ("qwen3moe", "tiny", "Q8_0"),
                                                ("gpt-oss", "tiny", "Q8_0")])
-@pytest.mark.parametrize("fuse,nt,exact", [(False, 1, True), (True, 1, True), (True, 2, True), (True, 1, False)],
-                         ids=["unfused", "fused", "fused-nt2", "fused-int8-prefill"])
+@pytest.mark.parametrize("fuse,nt,exact", [(False, 1, True), (True, 1, True), (True, 2, True), (True, 1, False),
+                                            (True, None, False)],
+                         ids=["unfused", "fused", "fused-nt2", "fused-int8-prefill", "fused-int8"])
 def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant, fuse, nt, exact):
     """Sequences decoded in batches of other sizes and neighbours give the same greedy tokens as
     decoded alone (Model.generate_tokens), and bit-identical logits in every batch they are in; also
-    with GEMV workgroups that share each weight load between nt tokens, and with prompts through the
-    int8 GEMM (the GPU default)."""
+    with GEMV workgroups that share each weight load between nt tokens, with prompts through the int8
+    GEMM, and with int8 activations in prefill and decode at their own default of 2 tokens a workgroup
+    (the GPU default)."""
     path = synth_gguf(seed=2, preset=preset, arch=arch, quant=quant)
-    m = shaderlm.load(path, progress=False, ctx=256, fuse=fuse,
-                      options=Options.from_env().replace(batch_tokens=nt, exact_prefill=exact))
-    assert m.net.int8_prefill == (not exact)
+    int8 = nt is None
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=fuse, options=Options.from_env().replace(
+        batch_tokens=nt or 0, exact_prefill=exact, int8_act=int8))
+    assert m.net.int8_prefill == (not exact) and m.net.int8_act == int8 and m.net.batch_tokens == (nt or 2)
     prompts = [random_ids(m.config.vocab_size, n, seed) for seed, n in enumerate((5, 19, 40, 11, 33))]
     want = [m.generate_tokens(p, N, stop_at_eos=False) for p in prompts]
     sv = Serving(m.net, slots=5, seq_ctx=128, tokens_per_submit=4)

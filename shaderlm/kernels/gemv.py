@@ -5,7 +5,7 @@ A lane loads a chunk of a row's wide block at a time (16-byte loads) and reuses 
 several rows; x comes in as 24-bit fixed point for integer dots where the weight type allows (x24:
 each 16-element run of x as integers below 2^22 times a power-of-two scale, three signed byte digits;
 its rounding is under 4 f32 ulps of the run's largest element, the order of an f32 dot's own), or as
-int8 where the weights are flagged for --int8-act (not exact), else as f32.
+int8 where the weights are flagged for it (int8 activations: the default on GPUs, not exact), else as f32.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def chunks_per_row(w) -> int:
 
 def x24_ok(ws) -> bool:
     """The weights' GEMV can take x as 24-bit fixed point: their decoders have the integer dot, x24 is
-    allowed for them, and they are not flagged for the int8 x that --int8-act asks for. Where the
+    allowed for them, and they are not flagged for int8 x (int8 activations). Where the
     adapter's integer dots are slow, the tuner's f32 twin wins instead (refine)."""
     return all(w.qtype.int8_dot and w.x24 and not w.int8_x for w in ws)
 

@@ -30,7 +30,7 @@ class QuantType:
     # The decode GEMV's chunking (the WIDE part of the type's decoder, which tests check against this):
     # (elements per wide block, chunks per wide block, bytes one lane's chunk_load reads), or None
     wide: tuple | None = None
-    int8_dot: bool = False    # the decoder has integer dots over x as digits: x24 (default) or int8 (opt-in)
+    int8_dot: bool = False    # the decoder has integer dots over x as digits: x24 or int8 (GPUs' default)
     k4_header: bool = False   # the block header's d, dmin and 6-bit scales are regrouped on the GPU
 
     @property

@@ -28,7 +28,7 @@ class GPUWeight:
     cols: int                       # input features (K)
     chunks: list = field(default_factory=list)
     nbytes: int = 0                 # bytes on the GPU (what a full pass over it reads)
-    int8_x: bool = False            # the decode GEMV rounds x to int8 for it (opt-in: --int8-act)
+    int8_x: bool = False            # the decode GEMV rounds x to int8 for it (int8 activations)
     x24: bool = True                # the decode GEMV may take x as 24-bit fixed point (exact; kernels/gemv.py)
 
     @property

@@ -61,8 +61,8 @@ class Transformer:
     embed_scale = 1.0             # token embeddings are multiplied by this (a function of args where it varies)
 
     def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
-                 progress=None, fuse: bool | None = None, int8_act: bool = False, x24: bool = True,
-                 attention_shape=None, batch_tokens: int = 1, exact_prefill: bool | None = None, q8_tile=None):
+                 progress=None, fuse: bool | None = None, int8_act: bool | None = None, x24: bool = True,
+                 attention_shape=None, batch_tokens: int | None = None, exact_prefill: bool | None = None, q8_tile=None):
         self.dev = dev
         self.source = source
         self.args = args
@@ -70,13 +70,16 @@ class Transformer:
         self.batch = max(1, min(batch, self.ctx))
         self.progress = progress
         self.fuse = (not dev.is_cpu) if fuse is None else fuse   # decode fusions: see `fused_decode`
-        self.int8_act = int8_act      # decode GEMVs with int8 x where the type allows (not exact)
+        # decode GEMVs with int8 x where the type allows (not exact; as llama.cpp's), else 24-bit x
+        self.int8_act = (not dev.is_cpu) if int8_act is None else int8_act
         self.x24 = x24
         # prompts through the int8 GEMM (not exact; faster where integer dots are) or the f32 one
         self.int8_prefill = (not dev.is_cpu) if exact_prefill is None else not exact_prefill
         self.q8_tile = q8_tile
         self.attention_shape = attention_shape
-        self.batch_tokens = batch_tokens        # a batched decode GEMV's tokens a workgroup, at most
+        # a batched decode GEMV's tokens a workgroup, at most: sharing a weight load pays with int8 x, whose
+        # digits are few registers, and loses with 24-bit x (docs/performance.md)
+        self.batch_tokens = batch_tokens or (2 if self.int8_act else 1)
         self.weight_bytes = 0
         self._sampling = None
         self._staging: list = []
