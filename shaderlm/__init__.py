@@ -14,8 +14,9 @@ def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, pr
     folder's float weights; tune: "auto" | "1" | "0" (or True/False), time the decode kernels' shapes
     not cached for this adapter yet; int8_act: decode GEMVs that round activations to int8 (the default
     on GPUs: faster, not exact; False: 24-bit fixed point, exact to f32 rounding); exact_prefill: prompts
-    through the f32 GEMM rather than the int8 one (the default on GPUs: faster, not exact); cache_dir: where tuned shapes are kept; fuse: the fused decode step on or off (a
-    debug switch: default, on for GPUs). Unset ones come from the SHADERLM_* environment variables
+    through the f32 GEMM rather than the int8 one (the default on GPUs: faster, not exact); cache_dir:
+    where tuned shapes are kept; fuse: the fused decode step on or off (a debug switch: default, on for
+    GPUs). Unset ones come from the SHADERLM_* environment variables
     (shaderlm/options.py), or `options`."""
     from .engine.model import Model
     from .options import Options
