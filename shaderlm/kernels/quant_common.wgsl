@@ -64,8 +64,8 @@ fn dot_u8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
 // x_run -> QRun: the run's integer words, d, and s (the run's x sum, for offset/min terms); rdot(w, r) is
 // d * (the weight bytes dotted with the run's integers).
 //   without X24 (int8 activations, GPUs' default; not exact): int8, d = max|x| / 127; s = d * (sum of the ints).
-//   X24 (--exact, and CPU adapters' default, where the type has these decoders): 24-bit fixed point, as accurate as f32
-//   arithmetic (below). s = the f32 sum of the run.
+//   X24 (--exact, and CPU adapters' default, where the type has these decoders): 24-bit fixed point,
+//   as accurate as f32 arithmetic (below). s = the f32 sum of the run.
 const RND: f32 = 12582912.0;     // 1.5 * 2^23: adding it leaves round(v) in the low mantissa bits
 fn abs_max(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> f32 {
     let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
