@@ -67,7 +67,7 @@ def run_case(dev, qtype, rows, k, variants, min_bytes, reps, warm_s=0.5):
             else:
                 shape = gemv.default_shape(dev, w0) if shape_v == "auto" else \
                     gemv.GemvShape.of(int(s) for s in shape_v.split("x"))
-                shape = shape._replace(x24=int("X24" in flags))
+                shape = shape._replace(int_x=int("X24" in flags or "INT8_X" in flags))
                 ds = [d for w in ws for d in gemv.gemv(dev, w, x, y, y_stride=rows, shape=shape)]
             plan = Plan(dev, ds)
         except Exception as e:  # noqa: BLE001 - a variant that does not compile is reported, not fatal

@@ -47,7 +47,7 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf, tmp_path):
     keys = {d.tune.key for d in m.net.plan_decode.dispatches if d.tune is not None}
     assert any(k.startswith("gemv") for k in keys)
     # per distinct key: one timing round of all candidates, the default and the fastest few again, then
-    # where the best shape has an f32-x or subgroupAdd twin (refine: the x24 types'), the two (a third
+    # where the best shape has an f32-x or subgroupAdd twin (refine: the integer-dot types'), the two (a third
     # round of 2: a first round has more)
     calls, rounds = tuner._timer.calls, []
     for n in calls:

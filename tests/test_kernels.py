@@ -1033,7 +1033,7 @@ INT_DOT_CASES = ["Q4_0 256", "Q4_1 160", "Q8_0 96", "Q4_K 512", "Q6_K 512", "Q4_
 @pytest.mark.parametrize("case", ["Q8_0 1024", "Q4_K 512 glu norm", "Q4_K+Q6_K 512 norm"])
 def test_gemv_every_tuned_shape(dev, case):
     """Every shape the autotuner may pick for a decode GEMV (gemv.candidates and their refinements:
-    workgroup size, rows per workgroup, chunk steps, x24 or f32 x) computes it (the Tunable's
+    workgroup size, rows per workgroup, chunk steps, integer or f32 x) computes it (the Tunable's
     rebuild), for a plain, a fused GLU + norm and a paired GEMV."""
     c = gemv_case(dev, case, len(case))
     tune = c.ds[0].tune
@@ -1121,7 +1121,7 @@ def test_gemv_row_group_candidates(dev):
     for ws, glu in (([weight("Q4_K", 28672, 4096)], True), ([weight("Q6_K", 4096, 14336)], False),
                     ([weight("Q4_K", 5120, 4096), weight("Q6_K", 1024, 4096)], False),
                     ([weight("Q4_K", 200, 4096)], False)):
-        default = gemv.default_shape(dev, ws[0], glu)._replace(x24=1, bfly=1)
+        default = gemv.default_shape(dev, ws[0], glu)._replace(int_x=1, bfly=1)
         grouped = [s for s in gemv.candidates(dev, ws, glu, default) if s[3] > 1]
         out_rows = sum(w.rows // (1 + glu) for w in ws)
         assert bool(grouped) == (out_rows >= 256), (ws[0].rows, grouped)
@@ -1178,7 +1178,7 @@ def test_gemv_int8_x(dev, case):
     """The int8-activation GEMV (the GPU default) (weights flagged int8_x) computes the dot of the dequantized
     weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
     with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
-    c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2) if "steps" in case else None)
+    c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2, 1, 1) if "steps" in case else None)
     ds, x, nw, eps, K, norm_ = c.ds, c.x, c.nw, c.eps, c.K, c.norm
     assert all("int8x" in d.tune.key for d in ds)
     run(dev, ds, 1)
@@ -1196,6 +1196,29 @@ def test_gemv_int8_x(dev, case):
     # and the rounding is what the kernel did: the exact-x result is measurably further away
     exact, _ = gemv_ref(c, gemv_input(c), lambda Wp: 0.0)
     assert np.abs(got - exact).max() > 10 * np.abs(got - ref).max(), case
+
+
+@pytest.mark.parametrize("case", ["Q4_K 512", "Q4_K+Q6_K 512 norm"])
+def test_gemv_int8_x_has_an_f32_twin(dev, case):
+    """The tuner's default for int8-flagged weights takes integer x, and it tries each pick's f32-x twin
+    too (where an adapter's integer dots are slow the twin wins): the twin dots f32 x, as accurate as
+    the x24 test's bound, where the int8 shape is measurably further from the exact result."""
+    c = gemv_case(dev, case, 13, int8_x=True)
+    tune = c.ds[0].tune
+    best = gemv.GemvShape.of(tune.candidates()[0])
+    assert best.int_x == 1 and "int8x" in tune.key
+    twin = [t for t in gemv.refine(best) if t.int_x == 0]
+    assert twin == [best._replace(int_x=0)]
+    xe = gemv_input(c)
+    run_max = np.repeat(np.abs(xe).reshape(-1, 16).max(axis=1), 16)[None]
+    exact, tol = gemv_ref(c, xe, lambda Wp: 2.0 ** -21 * (run_max @ np.abs(Wp).T))
+    got = {}
+    for s in (best, twin[0]):
+        dev.write(c.yb, poisoned((1, c.out_rows)))
+        run(dev, tune.rebuild(s), 1)
+        got[s.int_x] = read_f32(dev, c.yb, (1, c.out_rows))
+    assert_close(got[0], exact, tol, f"{case} f32 twin")
+    assert np.abs(got[1] - exact).max() > 10 * np.abs(got[0] - exact).max(), case
 
 
 # ---- submission and readback ---------------------------------------------------------------------

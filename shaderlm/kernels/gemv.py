@@ -2,10 +2,11 @@
 the shapes it can run in, which the tuner searches per adapter.
 
 A lane loads a chunk of a row's wide block at a time (16-byte loads) and reuses its slice of x over
-several rows; x comes in as 24-bit fixed point for integer dots where the weight type allows (x24:
-each 16-element run of x as integers below 2^22 times a power-of-two scale, three signed byte digits;
-its rounding is under 4 f32 ulps of the run's largest element, the order of an f32 dot's own), or as
-int8 where the weights are flagged for it (int8 activations: the default on GPUs, not exact), else as f32.
+several rows; x comes in as integer digits for integer dots where the weight type allows: int8 where
+the weights are flagged for it (int8 activations: the default on GPUs, not exact), else 24-bit fixed
+point (x24: each 16-element run of x as integers below 2^22 times a power-of-two scale, three signed
+byte digits; its rounding is under 4 f32 ulps of the run's largest element, the order of an f32 dot's
+own); or as f32 (the tuner's twin of each integer shape, for adapters whose integer dots are slow).
 """
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ class GemvShape(NamedTuple):
     rows: int            # rows per row group
     steps: int = 1       # chunk steps per trip over a row
     groups: int = 1      # row groups per workgroup (HOIST: x converted once for all of them)
-    x24: int = 0         # x as 24-bit fixed point (where the weights allow)
+    int_x: int = 0       # x as integer digits for integer dots (x24, or int8 where the weights are flagged)
     bfly: int = 0        # one subgroup butterfly reduces a group's row sums
     prefetch: int = 0    # the next row group's weights loaded a group ahead (with groups > 1)
 
@@ -39,9 +40,9 @@ class GemvShape(NamedTuple):
         return (len(shape) == 7 and all(0 < v <= 4096 for v in shape[:4]) and all(v in (0, 1) for v in shape[4:]))
 
     def label(self) -> str:
-        """WGxROWS[xSTEPS][/GROUPS][ x24][ bf][ pf]"""
+        """WGxROWS[xSTEPS][/GROUPS][ int][ bf][ pf]"""
         s = "x".join(map(str, self[:3] if self.steps != 1 else self[:2]))
-        return s + f"/{self.groups}" * (self.groups > 1) + " x24" * self.x24 + " bf" * self.bfly + " pf" * self.prefetch
+        return s + f"/{self.groups}" * (self.groups > 1) + " int" * self.int_x + " bf" * self.bfly + " pf" * self.prefetch
 
 
 def wide_ok(w) -> bool:
@@ -61,11 +62,11 @@ def chunks_per_row(w) -> int:
     return w.cols // block * per_block
 
 
-def x24_ok(ws) -> bool:
-    """The weights' GEMV can take x as 24-bit fixed point: their decoders have the integer dot, x24 is
-    allowed for them, and they are not flagged for int8 x (int8 activations). Where the
-    adapter's integer dots are slow, the tuner's f32 twin wins instead (refine)."""
-    return all(w.qtype.int8_dot and w.x24 and not w.int8_x for w in ws)
+def int_x_ok(ws) -> bool:
+    """The weights' GEMV can take x as integer digits: their decoders have the integer dot, and x is
+    either flagged for int8 (int8 activations) or allowed 24-bit fixed point (x24). Where the adapter's
+    integer dots are slow, the tuner's f32 twin wins instead (refine)."""
+    return all(w.qtype.int8_dot and (w.int8_x or w.x24) for w in ws)
 
 
 def default_shape(dev, w, glu: bool = False) -> GemvShape:
@@ -141,7 +142,7 @@ def candidates(dev, ws, glu: bool, default: GemvShape) -> list[GemvShape]:
     leaves at least 128 workgroups; each with and without the prefetch. All in the default's x mode
     (the best one's f32 twin and butterfly twin are tried after: refine)."""
     def shape(g, r, steps=1, groups=1, pf=0):        # in the default's x mode, the butterfly where it fits
-        return GemvShape(g, r, steps, groups, default.x24, int(default.bfly and bfly_ok(dev, r, glu)), pf)
+        return GemvShape(g, r, steps, groups, default.int_x, int(default.bfly and bfly_ok(dev, r, glu)), pf)
     chunks = min(map(chunks_per_row, ws))
     lim = dev.limit("max-compute-invocations-per-workgroup", 256)
     sgs = max(32, dev.subgroup_size or 1)
@@ -163,32 +164,33 @@ def candidates(dev, ws, glu: bool, default: GemvShape) -> list[GemvShape]:
 
 
 def refine(shape) -> list[GemvShape]:
-    """What the tuner tries after picking a shape: an x24 shape's f32 twin (integer dots may be slow)
+    """What the tuner tries after picking a shape: an integer-x shape's f32 twin (integer dots may be slow)
     and a butterfly shape's twin with a subgroupAdd per row (the butterfly wins on some matrices and
     loses on others)."""
     s = GemvShape.of(shape)
-    return [t for t, on in ((s._replace(x24=0), s.x24), (s._replace(bfly=0), s.bfly)) if on]
+    return [t for t, on in ((s._replace(int_x=0), s.int_x), (s._replace(bfly=0), s.bfly)) if on]
 
 
 def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max: int = 1) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
-    first weight) with x24 where x24_ok. Integer dots: x24, or int8 x where the weights are flagged.
+    first weight) with integer x where int_x_ok: int8 where the weights are flagged, else x24.
     `batch` tokens (0: one, or as many as the grid's z) share each weight load; the shape is the one
     tuned for a single token, so that a token's arithmetic is the same in any batch."""
     base = default_shape(dev, ws[0], glu)
-    default = base._replace(x24=int(x24_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
+    default = base._replace(int_x=int(int_x_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
     tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
     s = GemvShape.of(shape or tuned_shape(dev, key) or default)
     if s.groups > 1 and not hoist_ok(dev, ws, s):
         raise ValueError(f"GEMV shape {tuple(s)} for {key}: row groups need the {s.wg} x {s.steps} lane steps to "
                          f"cover a row's {max(map(chunks_per_row, ws))} chunks, a lane per row ({s.groups} x "
                          f"{s.rows}) and the partial sums to fit workgroup memory")
-    x24 = bool(s.x24) and x24_ok(ws)          # a cached x24 shape with x24 turned off builds f32
-    int8 = all(w.int8_x for w in ws)
+    int_x = bool(s.int_x) and int_x_ok(ws)      # a cached integer-x shape with x24 turned off builds f32
+    int8 = int_x and all(w.int8_x for w in ws)
+    x24 = int_x and not int8
     nt, tg = batch_split(dev, s, batch, nt_max) if batch else (1, 1)
     return tune, dict(WG=s.wg, ROWS=s.rows, STEPS=s.steps, GROUPS=s.groups, HOIST=s.groups > 1,
-                      PF=s.groups > 1 and bool(s.prefetch), INT_DOT=int8 or x24, X24=x24,
+                      PF=s.groups > 1 and bool(s.prefetch), INT_DOT=int_x, X24=x24,
                       NT=nt, TG=tg, NB=batch or 0xFFFFFFFF, MULTI=nt > 1, **_bfly_defines(dev, s.rows, glu, s.bfly, nt))
 
 

@@ -9,7 +9,7 @@ from weakref import WeakKeyDictionary
 
 from ..gpu.tuner import ShapeCache
 
-VERSION = 7          # of the cache's meaning (what a shape's fields are and how they are timed)
+VERSION = 8          # of the cache's meaning (what a shape's fields are and how they are timed)
 # kernels whose source decides the tuned shapes
 TUNED_SOURCES = ("gemv", "gemv_rows", "quant_common", "reduce")
 
