@@ -60,14 +60,11 @@ class Options:
         tune = env.get("SHADERLM_TUNE", "auto").lower()
         if tune not in TUNE_MODES:
             raise ShaderLMError(f"SHADERLM_TUNE={tune!r}: use one of {', '.join(TUNE_MODES)}")
-        fuse = env.get("SHADERLM_FUSE")
-        exact = env.get("SHADERLM_EXACT_PREFILL")
-        int8 = env.get("SHADERLM_INT8_ACT")
         return cls(device=env.get("SHADERLM_DEVICE") or None, tune=tune,
                    cache_dir=env.get("SHADERLM_CACHE_DIR") or None,
-                   int8_act=None if int8 in (None, "") else int8 != "0",
-                   exact_prefill=None if exact in (None, "") else exact != "0", subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"),
-                   fuse=None if fuse in (None, "") else fuse != "0", x24=not _flag(env, "SHADERLM_NO_X24"),
+                   int8_act=_tristate(env, "SHADERLM_INT8_ACT"), exact_prefill=_tristate(env, "SHADERLM_EXACT_PREFILL"),
+                   subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"), fuse=_tristate(env, "SHADERLM_FUSE"),
+                   x24=not _flag(env, "SHADERLM_NO_X24"),
                    attention_shape=_ints(env, "SHADERLM_ATTN"),
                    batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (None,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
 
@@ -94,6 +91,11 @@ def shader_checks() -> str:
 
 def _flag(env, name: str) -> bool:
     return env.get(name, "") not in ("", "0")
+
+
+def _tristate(env, name: str) -> bool | None:
+    """A switch the adapter decides when unset (None); 0 is off, anything else on."""
+    return None if env.get(name, "") == "" else env[name] != "0"
 
 
 def _ints(env, name: str) -> tuple | None:

@@ -207,8 +207,9 @@ INT8_NLL_RTOL = 0.005
 
 @pytest.fixture(scope="module")
 def int8_model():
+    """The GPU default as a whole, on any adapter: int8 activations in prefill and decode."""
     import shaderlm
-    return shaderlm.load(GGUF_PATH, exact_prefill=False)
+    return shaderlm.load(GGUF_PATH, exact_prefill=False, int8_act=True)
 
 
 def _nll(logits: np.ndarray, ids: list[int]) -> float:
@@ -244,12 +245,11 @@ INT8_GREEDY_TOL = 1.0
 
 
 @pytest.mark.parametrize("name", full_only(NAMES, ("code",)))
-def test_int8_greedy_continuation(name):
+def test_int8_greedy_continuation(int8_model, name):
     """The GPU default as a whole (int8 activations in prefill and in every decode GEMV, several tokens
     a submit) follows the reference's greedy tokens under the near-tie rule (the default prompt, "code",
     has 8 steps over INT8_GREEDY_TOL before its first under it)."""
-    import shaderlm
-    m = shaderlm.load(GGUF_PATH, exact_prefill=False, int8_act=True)
+    m = int8_model
     assert m.net.int8_act and m.net.int8_prefill
     want = [int(i) for i in ref(name, "greedy_ids")]
     margins = ref(name, "greedy_margin")

@@ -55,7 +55,7 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
     path = synth_gguf(seed=2, preset=preset, arch=arch, quant=quant)
     int8 = nt is None
     m = shaderlm.load(path, progress=False, ctx=256, fuse=fuse, options=Options.from_env().replace(
-        batch_tokens=nt or 0, exact_prefill=exact, int8_act=int8))
+        batch_tokens=nt, exact_prefill=exact, int8_act=int8))
     assert m.net.int8_prefill == (not exact) and m.net.int8_act == int8 and m.net.batch_tokens == (nt or 2)
     prompts = [random_ids(m.config.vocab_size, n, seed) for seed, n in enumerate((5, 19, 40, 11, 33))]
     want = [m.generate_tokens(p, N, stop_at_eos=False) for p in prompts]
