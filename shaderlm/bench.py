@@ -11,6 +11,7 @@ import numpy as np
 
 from .engine.generate import Sampling
 from .errors import ContextFullError, ShaderLMError
+from .models import PREFILL_CHUNK
 
 
 def _random_ids(model, n: int, seed: int = 0) -> list[int]:
@@ -100,7 +101,7 @@ def run(args):
     need = depth + prompt + gen + 8
     batches = args.batch_sizes or []
     for path in args.model or [None]:
-        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=max(args.batch, *batches, 1),
+        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=max(args.batch or PREFILL_CHUNK, *batches, 1),
                               tokens_per_submit=args.tokens_per_submit, progress=False,
                               int8_act=args.int8_act, exact_prefill=args.exact_prefill)
         if need > model.net.ctx:
@@ -178,7 +179,7 @@ def add_parsers(sub, add_precision):
     p.add_argument("-r", type=int, default=5, help="repetitions (median reported)")
     p.add_argument("-d", type=int, action="append",
                    help="depths: tokens already in the KV cache before each test (default 0)")
-    p.add_argument("--batch", type=int, default=512, help="prefill chunk")
+    p.add_argument("--batch", type=int, help="prompt tokens a prefill pass (default the library's, 512)")
     p.add_argument("--tokens-per-submit", type=int, default=8)
     p.add_argument("--peak", action="store_true", help="first measure the adapter's streaming read bandwidth")
     p.add_argument("--peak-gbs", type=float, default=0.0, help="peak read bandwidth for the %%peak column")

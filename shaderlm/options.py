@@ -19,7 +19,8 @@ rounding):
     SHADERLM_ATTN=WG,UNROLL[,SPLITS[,MIN_KEYS]]   the decode attention kernel's shape
     SHADERLM_BATCH_NT=N       tokens a workgroup of a batched decode GEMV computes at most (default 2 with
                               int8 activations, 1 with 24-bit ones)
-    SHADERLM_Q8_TILE=TM,TV    the int8 prefill GEMM's tile (16 TM rows x 64 TV tokens) for every matrix
+    SHADERLM_Q8_TILE=TM,TV[,KB]   the int8 prefill GEMM's tile (16 TM rows x 64 TV tokens, K steps
+                              of 32 KB) for every matrix
     SHADERLM_SHADER_CHECKS=bounds|all|none   wgpu-native's runtime checks in the kernels: bounds checks
                               on array accesses (default), plus a counter in every loop that ends it
                               if it never would (all: what the plain WebGPU API compiles), or neither

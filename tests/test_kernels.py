@@ -202,9 +202,19 @@ def test_matmul_int8(dev, qtype, n):
 
 @pytest.mark.parametrize("tile", gemm.Q8_TILES)
 def test_matmul_int8_tiles(dev, tile):
-    """Every int8 GEMM tile, with partial tiles of rows and tokens, and Q6_K's 16-element scale groups."""
+    """Every int8 GEMM tile, with partial tiles of rows and tokens, and Q6_K's 16-element scale groups;
+    K steps of 64 where K allows them (512), of 32 where it does not (96)."""
     check_matmul(dev, "Q6_K", 200, 512, 150, 150, seed=tile[0] + tile[1], int8=True, q8_tile=tile)
     check_matmul(dev, "Q4_1", 77, 96, 67, 67, seed=tile[1], int8=True, q8_tile=tile)
+
+
+def test_q8_tile_fits_the_adapter_and_k(dev):
+    """The tile picked for a matrix fits the adapter's workgroup memory and steps through K whole."""
+    room = dev.limit("max-compute-workgroup-storage-size", 16384)
+    for rows, cols, tokens in [(4096, 4096, 512), (1024, 4096, 512), (14336, 4096, 256), (4096, 14336, 1024),
+                               (77, 96, 67), (576, 1536, 16)]:
+        tm, tv, kb = gemm.q8_tile(dev, rows, cols, tokens)
+        assert gemm.q8_workgroup_bytes(tm, tv, kb) <= room and cols % (32 * kb) == 0
 
 
 @pytest.mark.parametrize("feature", ["all", "bias_row0"])

@@ -12,8 +12,9 @@ from ..gpu.plan import Dispatch
 from . import pipeline
 from .grid import cdiv
 
-# (rows a thread, token vec4s a thread): tiles of 16 * TM rows x 64 * TV tokens, in order of preference
-Q8_TILES = ((8, 2), (4, 2), (8, 1), (4, 1))
+# (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB): tiles of 16 TM rows x
+# 64 TV tokens, in order of preference
+Q8_TILES = ((8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
 MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
 
 
@@ -29,26 +30,28 @@ def matmul_f32(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state
     return out
 
 
-def q8_defines(tm: int, tv: int) -> dict:
+def q8_defines(tm: int, tv: int, kb: int = 1) -> dict:
     bm, bn = 16 * tm, 64 * tv
-    return dict(TM=tm, TV=tv, RG=tm // 4, LW=tm // 4, XL=max(1, tv // 2), BM=bm, BN=bn,
-                WQ=8 * bm // 4, WS=2 * bm // 4, TQ=8 * bn // 4, TD=2 * bn // 4, TS=2 * bn // 4)
+    return dict(TM=tm, TV=tv, KB=kb, RG=tm // 4, LW=tm * kb // 4, XL=max(1, tv * kb // 2), BM=bm, BN=bn,
+                WQ=8 * kb * bm // 4, WS=2 * kb * bm // 4, TQ=8 * kb * bn // 4, TD=2 * kb * bn // 4,
+                TS=2 * kb * bn // 4)
 
 
-def q8_workgroup_bytes(tm: int, tv: int) -> int:
-    d = q8_defines(tm, tv)
+def q8_workgroup_bytes(tm: int, tv: int, kb: int = 1) -> int:
+    d = q8_defines(tm, tv, kb)
     return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
 
 
-def q8_tile(dev, rows: int, tokens: int, tv: int | None = None) -> tuple[int, int]:
-    """The first tile that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one
-    leaving the most), within the adapter's workgroup memory; of token width `tv` where given."""
+def q8_tile(dev, rows: int, cols: int, tokens: int) -> tuple[int, int, int]:
+    """The first tile that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one leaving
+    the most), within the adapter's workgroup memory and dividing `cols` in K steps."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
-    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room and tv in (None, t[1])]
-    for tm, tv in fits:
-        if cdiv(rows, 16 * tm) * cdiv(tokens, 64 * tv) >= MIN_WORKGROUPS:
-            return tm, tv
-    return max(fits, key=lambda t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]))
+    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room and cols % (32 * t[2]) == 0]
+    groups = {t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]) for t in fits}
+    for t, n in groups.items():
+        if n >= MIN_WORKGROUPS:
+            return t
+    return max(fits, key=groups.get)
 
 
 def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool,
@@ -68,12 +71,14 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool,
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
               tile=None) -> list[Dispatch]:
-    """x has at most max_tokens rows; `tile`: (TM, TV) for every row chunk, else q8_tile's choice."""
+    """x has at most max_tokens rows; `tile`: (TM, TV[, KB]) for every row chunk, else q8_tile's
+    choice (KB 1 where K is not a multiple of 32 KB)."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row)
     for c in w.chunks:
-        tm, tv = tile or q8_tile(dev, c.rows, max_tokens)
+        tm, tv, kb = (*(tile or q8_tile(dev, c.rows, w.cols, max_tokens)), 1)[:3]
+        kb = kb if w.cols % (32 * kb) == 0 else 1
         pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate,
-                        **q8_defines(tm, tv))
+                        **q8_defines(tm, tv, kb))
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *xbufs, y] + ([bias] if bias is not None else [])
         gx, bn = cdiv(c.rows, 16 * tm), 64 * tv
@@ -101,11 +106,14 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     batch: each expert's rows times the rows of the pairs that picked it, in the tiles of `groups`
     (expert_groups). x rows: a token's (shared by its slots), or with `per_pair_x` a pair's own; y
     rows: a pair's (token * slots + slot). Reads each picked expert once per tile of pairs. `tm`: the
-    rows a thread (default q8_tile's, for the tiles' TV)."""
+    rows a thread (default: 8 where that leaves MIN_WORKGROUPS tiles, else 4)."""
     tiles, order, tv = groups
     rows_e = w.rows // experts
-    tm = tm or q8_tile(dev, rows_e, cdiv(max_tokens * slots, experts), tv=tv)[0]
     bn = 64 * tv
+    if tm is None:      # 128 rows where they leave MIN_WORKGROUPS tiles of an expert's average pairs
+        room = dev.limit("max-compute-workgroup-storage-size", 16384)
+        big = cdiv(rows_e, 128) * cdiv(cdiv(max_tokens * slots, experts), bn) >= MIN_WORKGROUPS
+        tm = 8 if big and q8_workgroup_bytes(8, tv) <= room else 4
     xrows = max_tokens * (slots if per_pair_x else 1)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False,
                              rows_per_token=slots if per_pair_x else 1)

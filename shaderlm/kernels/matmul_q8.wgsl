@@ -1,10 +1,13 @@
 // Prefill GEMM on 8-bit integers: y[t, row] (+)= sum_k W[row, k] * x[t, k], with x rounded to int8
 // per 16-element run by quantize_q8.wgsl (words xq, scales xd, sums xs) and the weights as their bytes
-// q (value d * q + m, the type's iq8). A workgroup computes BM rows x BN tokens; each K step of 32
-// stages the weight tile (decoded once) and the activation tile in workgroup memory, two buffers so
-// that the next step's global loads are in flight while this one computes. A thread owns TM rows x
-// 4 TV tokens: dot4I8Packed sums in i32 over a 16-element run, then one f32 fold
+// q (value d * q + m, the type's iq8). A workgroup computes BM rows x BN tokens; each K step of
+// 32 KB stages the weight tile (decoded once) and the activation tile in workgroup memory, two buffers
+// so that the next step's global loads are in flight while this one computes. A thread owns TM rows x
+// 4 TV tokens. For each 16-element run it loads the run's 4 words of its rows and tokens, then for each
+// output chains 4 dot4I8Packed into an i32 sum and folds it at once into f32:
 //   acc += f32(isum) * (d_w * d_x) + m_w * (d_x * sum q_x).
+// The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
+// which leaves room for larger tiles (docs/performance.md).
 // (A scale per 16 rather than 32 values of x costs about a sixth of the speed and takes a third
 // off the error: docs/performance.md.)
 // Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
@@ -56,7 +59,8 @@ const BM: u32 = {{BM}}u;          // rows a workgroup: 16 TM
 const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
 const RV: u32 = BM / 4u;          // vec4s across the rows
 const TW: u32 = BN / 4u;          // vec4s across the tokens
-const NS: u32 = 2u;               // scale groups a K step: x has a scale per 16
+const KB: u32 = {{KB}}u;          // 32-element blocks a K step
+const NS: u32 = 2u * KB;          // scale groups a K step: x has a scale per 16
 const GW: u32 = 4u;               // words a scale group
 
 // [buffer][word k][row / 4] and [buffer][group][row / 4]; [buffer][word k][token / 4], [buffer][token / 4]
@@ -82,13 +86,14 @@ struct Tile {
 fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
     var t: Tile;
     let bpr = p.k / QK;
-    let k0 = step * 32u;
+    let k0 = step * 32u * KB;
     // loads are unconditional (clamped indices, results zeroed): a load under an `if` waits for its value
 #unroll LW e
     {
         let i = li + $eu * 256u;
-        let row = r_base + i / 4u;
-        let v = iq8((e_w0 + min(row, p.rows - 1u)) * bpr + k0 / QK, (k0 % QK) / 8u + i % 4u);
+        let row = r_base + i / (4u * KB);
+        let kk = k0 + (i % (4u * KB)) * 8u;
+        let v = iq8((e_w0 + min(row, p.rows - 1u)) * bpr + kk / QK, (kk % QK) / 8u);
         let ok = row < p.rows;
         t.w$e = IQ8(v.q, select(0.0, v.d, ok), select(0.0, v.m, ok));
     }
@@ -97,12 +102,12 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
 #unroll XL e
     {
         let i = li + $eu * 256u;
-        let tok = x_row(min(t_base + i / 2u, m - 1u));
-        t.x$e = xq[(tok * nb + step) * 2u + i % 2u];
+        let tok = x_row(min(t_base + i / (2u * KB), m - 1u));
+        t.x$e = xq[(tok * nb + step * KB) * 2u + i % (2u * KB)];
     }
 #end
     let tok = t_base + li % BN;
-    let b = x_row(min(tok, m - 1u)) * nb + step;
+    let b = x_row(min(tok, m - 1u)) * nb + step * KB + min(li / BN, KB - 1u);
     let ok = tok < m;
     t.d = select(vec2<f32>(0.0), xd[b], ok);
     t.s = select(vec2<f32>(0.0), xs[b], ok);
@@ -113,12 +118,12 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
 #unroll LW e
     {
         let i = li + $eu * 256u;
-        let r = i / 4u;
-        let j = i % 4u;
+        let r = i / (4u * KB);
+        let j = i % (4u * KB);
         wq[buf][2u * j * RV + r / 4u][r % 4u] = t.w$e.q.x;
         wq[buf][(2u * j + 1u) * RV + r / 4u][r % 4u] = t.w$e.q.y;
-        if (j % (4u / NS) == 0u) {
-            let g = j / (4u / NS);
+        if (j % 2u == 0u) {
+            let g = j / 2u;
             wd[buf][g * RV + r / 4u][r % 4u] = t.w$e.d;
             wm[buf][g * RV + r / 4u][r % 4u] = t.w$e.m;
         }
@@ -127,9 +132,9 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
 #unroll XL e
     {
         let i = li + $eu * 256u;
-        if (i < 2u * BN) {
-            let tok = i / 2u;
-            let k4 = (i % 2u) * 4u;
+        if (i < 2u * KB * BN) {
+            let tok = i / (2u * KB);
+            let k4 = (i % (2u * KB)) * 4u;
             let v = t.x$e;
             tq[buf][k4 * TW + tok / 4u][tok % 4u] = v.x;
             tq[buf][(k4 + 1u) * TW + tok / 4u][tok % 4u] = v.y;
@@ -138,18 +143,23 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
         }
     }
 #end
-    if (li < BN) {
-        td[buf][li / 4u][li % 4u] = t.d.x;
-        td[buf][TW + li / 4u][li % 4u] = t.d.y;
-        ts[buf][li / 4u][li % 4u] = t.s.x;
-        ts[buf][TW + li / 4u][li % 4u] = t.s.y;
+    if (li < KB * BN) {
+        let tok = li % BN;
+        let g = 2u * (li / BN);
+        td[buf][g * TW + tok / 4u][tok % 4u] = t.d.x;
+        td[buf][(g + 1u) * TW + tok / 4u][tok % 4u] = t.d.y;
+        ts[buf][g * TW + tok / 4u][tok % 4u] = t.s.x;
+        ts[buf][(g + 1u) * TW + tok / 4u][tok % 4u] = t.s.y;
     }
 }
 
-// Integers below 2^22 in magnitude to floats exactly, with an add and a subtract: a scale group's sums
-// stay below 32 * 128 * 128 = 2^19. (int-to-float conversion is a quarter-rate instruction on NVIDIA)
+// The integer sums start at the bits of 1.5 * 2^23 (SUM0), so that a sum s below 2^22 in magnitude
+// reads as the float 1.5 * 2^23 + s exactly, and a subtract gives s: no integer instruction beside the
+// dots (their pipe is the busy one), none of the conversions (quarter rate on NVIDIA). A scale group's
+// sums stay below 16 * 128 * 128 = 2^18.
+const SUM0 = vec4<i32>(0x4B400000);
 fn i2f(v: vec4<i32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(v + vec4<i32>(0x4B400000)) - vec4<f32>(12582912.0);
+    return bitcast<vec4<f32>>(v) - vec4<f32>(12582912.0);
 }
 
 fn i4(a: u32, b: vec4<u32>) -> vec4<i32> {
@@ -174,12 +184,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let r_base = wid.x * BM;
     let tr = li % 16u;
     let tc = li / 16u;
-    let steps = p.k / 32u;
+    let steps = p.k / (32u * KB);
 #unroll RG g
 #unroll 4 c
 #unroll TV h
     var a$g$c$h = vec4<f32>(0.0);
-    var s$g$c$h = vec4<i32>(0);
 #end
 #end
 #end
@@ -190,34 +199,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         // the next step's loads (the last step reloads its own, unused)
         let next = load_tile(li, min(step + 1u, steps - 1u), r_base, t_base, m);
         for (var g = 0u; g < NS; g++) {
-            for (var k = g * GW; k < g * GW + GW; k++) {
-#unroll RG g
-                let w$g = wq[buf][k * RV + tr + $gu * 16u];
+#unroll 4 k
+#unroll RG r
+            let w$r_$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * 16u];
 #end
 #unroll TV h
-                let x$h = tq[buf][k * TW + tc + $hu * 16u];
-#end
-#unroll RG g
-#unroll 4 c
-#unroll TV h
-                s$g$c$h += i4(w$g[$c], x$h);
+            let x$h_$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * 16u];
 #end
 #end
-#end
-            }
-#unroll RG g
-            let d$g = wd[buf][g * RV + tr + $gu * 16u];
-            let o$g = wm[buf][g * RV + tr + $gu * 16u];
+#unroll RG r
+            let d$r = wd[buf][g * RV + tr + $ru * 16u];
+            let o$r = wm[buf][g * RV + tr + $ru * 16u];
 #end
 #unroll TV h
             let xd$h = td[buf][g * TW + tc + $hu * 16u];
             let xs$h = ts[buf][g * TW + tc + $hu * 16u];
 #end
-#unroll RG g
+#unroll RG r
 #unroll 4 c
 #unroll TV h
-            a$g$c$h += i2f(s$g$c$h) * (d$g[$c] * xd$h) + o$g[$c] * xs$h;
-            s$g$c$h = vec4<i32>(0);
+            a$r$c$h += i2f(SUM0 + i4(w$r_0[$c], x$h_0) + i4(w$r_1[$c], x$h_1) + i4(w$r_2[$c], x$h_2)
+                           + i4(w$r_3[$c], x$h_3)) * (d$r[$c] * xd$h) + o$r[$c] * xs$h;
 #end
 #end
 #end

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 from ..errors import UnsupportedError
-from .transformer import Transformer
+from .transformer import PREFILL_CHUNK, Transformer  # noqa: F401
 
 _INFRA = {"args", "loading", "transformer"}
 

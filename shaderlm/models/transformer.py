@@ -27,6 +27,7 @@ from ..kernels.weights import GPUWeight, concat_rows, dequantize, upload_weight
 from .args import ModelArgs
 
 PREFILL_TT = 8          # tokens per pass of the GEMV kernel in short prefills
+PREFILL_CHUNK = 512     # prompt tokens a prefill pass at most: larger GEMMs fill a big GPU better
 SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of the 64x64 GEMM
 SUPPORTED_TYPES = tuple(QUANT_TYPES)
 
@@ -60,7 +61,7 @@ class Transformer:
     ffn_act = None                # the experts' gated activation where another (gemv.act_defines: gpt-oss's)
     embed_scale = 1.0             # token embeddings are multiplied by this (a function of args where it varies)
 
-    def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = 256,
+    def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = PREFILL_CHUNK,
                  progress=None, fuse: bool | None = None, int8_act: bool | None = None, x24: bool = True,
                  attention_shape=None, batch_tokens: int | None = None, exact_prefill: bool | None = None, q8_tile=None):
         self.dev = dev
