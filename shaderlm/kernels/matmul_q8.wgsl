@@ -5,7 +5,8 @@
 // so that the next step's global loads are in flight while this one computes. A thread owns TM rows x
 // 4 TV tokens. For each 16-element run it loads the run's 4 words of its rows and tokens, then for each
 // output chains 4 dot4I8Packed into an i32 sum and folds it at once into f32:
-//   acc += f32(isum) * (d_w * d_x) + m_w * (d_x * sum q_x).
+//   acc += f32(isum) * (d_w * d_x) + m_w * (d_x * sum q_x)
+// (the second term only with MINS: types whose runs have a min, QuantType.iq8_min).
 // The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
 // which leaves room for larger tiles (docs/performance.md).
 // (A scale per 16 rather than 32 values of x costs about a sixth of the speed and takes a third
@@ -22,7 +23,9 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 @group(0) @binding(2) var<storage, read> w: array<u32>;
 @group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
 @group(0) @binding(4) var<storage, read> xd: array<vec2<f32>>;
+#if MINS
 @group(0) @binding(5) var<storage, read> xs: array<vec2<f32>>;
+#endif
 @group(0) @binding(6) var<storage, read_write> y: array<f32>;
 #if BIAS
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
@@ -66,10 +69,14 @@ const GW: u32 = 4u;               // words a scale group
 // [buffer][word k][row / 4] and [buffer][group][row / 4]; [buffer][word k][token / 4], [buffer][token / 4]
 var<workgroup> wq: array<array<vec4<u32>, {{WQ}}>, 2>;
 var<workgroup> wd: array<array<vec4<f32>, {{WS}}>, 2>;
+#if MINS
 var<workgroup> wm: array<array<vec4<f32>, {{WS}}>, 2>;
+#endif
 var<workgroup> tq: array<array<vec4<u32>, {{TQ}}>, 2>;
 var<workgroup> td: array<array<vec4<f32>, {{TD}}>, 2>;
+#if MINS
 var<workgroup> ts: array<array<vec4<f32>, {{TS}}>, 2>;
+#endif
 
 // What one thread loads for a K step: weight groups (row, 8 elements) and activation vec4s.
 struct Tile {
@@ -80,7 +87,9 @@ struct Tile {
     x$e: vec4<u32>,
 #end
     d: vec2<f32>,
+#if MINS
     s: vec2<f32>,
+#endif
 }
 
 fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
@@ -110,7 +119,9 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
     let b = x_row(min(tok, m - 1u)) * nb + step * KB + min(li / BN, KB - 1u);
     let ok = tok < m;
     t.d = select(vec2<f32>(0.0), xd[b], ok);
+#if MINS
     t.s = select(vec2<f32>(0.0), xs[b], ok);
+#endif
     return t;
 }
 
@@ -125,7 +136,9 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
         if (j % 2u == 0u) {
             let g = j / 2u;
             wd[buf][g * RV + r / 4u][r % 4u] = t.w$e.d;
+#if MINS
             wm[buf][g * RV + r / 4u][r % 4u] = t.w$e.m;
+#endif
         }
     }
 #end
@@ -148,8 +161,10 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
         let g = 2u * (li / BN);
         td[buf][g * TW + tok / 4u][tok % 4u] = t.d.x;
         td[buf][(g + 1u) * TW + tok / 4u][tok % 4u] = t.d.y;
+#if MINS
         ts[buf][g * TW + tok / 4u][tok % 4u] = t.s.x;
         ts[buf][(g + 1u) * TW + tok / 4u][tok % 4u] = t.s.y;
+#endif
     }
 }
 
@@ -209,17 +224,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
 #unroll RG r
             let d$r = wd[buf][g * RV + tr + $ru * 16u];
+#if MINS
             let o$r = wm[buf][g * RV + tr + $ru * 16u];
+#endif
 #end
 #unroll TV h
             let xd$h = td[buf][g * TW + tc + $hu * 16u];
+#if MINS
             let xs$h = ts[buf][g * TW + tc + $hu * 16u];
+#endif
 #end
 #unroll RG r
 #unroll 4 c
 #unroll TV h
-            a$r$c$h += i2f(SUM0 + i4(w$r_0[$c], x$h_0) + i4(w$r_1[$c], x$h_1) + i4(w$r_2[$c], x$h_2)
-                           + i4(w$r_3[$c], x$h_3)) * (d$r[$c] * xd$h) + o$r[$c] * xs$h;
+            let s$r$c$h = i2f(SUM0 + i4(w$r_0[$c], x$h_0) + i4(w$r_1[$c], x$h_1) + i4(w$r_2[$c], x$h_2)
+                              + i4(w$r_3[$c], x$h_3));
+#if MINS
+            a$r$c$h += s$r$c$h * (d$r[$c] * xd$h) + o$r[$c] * xs$h;
+#else
+            a$r$c$h += s$r$c$h * (d$r[$c] * xd$h);
+#endif
 #end
 #end
 #end

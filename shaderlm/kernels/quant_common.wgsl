@@ -7,7 +7,8 @@
 //   fn dq8(blk: u32, j: u32) -> V8   elements [8j, 8j+8) of block `blk`, in GGUF element order.
 // Quantized types also define, for the 8-bit prefill GEMM (matmul_q8.wgsl):
 //   fn iq8(blk: u32, j: u32) -> IQ8   the same elements as bytes q with value d * q + m (one (d, m)
-//                                    for each 16-element run at least)
+//                                    for each 16-element run at least); m is 0 for the types whose
+//                                    QuantType.iq8_min is False (offsets folded into signed q)
 // Decoders with a WIDE part (main region a multiple of 16 bytes) also define, for gemv.wgsl:
 //   WQK (elements per wide block), CPB (chunks per wide block), both also in formats/quants.py,
 //   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, N>   the x values chunk c of block b multiplies
@@ -137,9 +138,14 @@ fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {
 #endif
 
 struct V8 { a: vec4<f32>, b: vec4<f32> }
-// 8 elements as two words of bytes q, each in [-128, 127] (signed for Q8_0, else small unsigned
-// values): element = d * q + m.
+// 8 elements as two words of bytes q, each in [-128, 127]: element = d * q + m.
 struct IQ8 { q: vec2<u32>, d: f32, m: f32 }
+
+// Bytes q in [0, 2 off) of a word as the signed bytes q - off: each byte plus 128 - off stays below
+// 256 (no carry into the next), and flipping its top bit subtracts 128.
+fn signed_bytes(q: vec2<u32>, off: u32) -> vec2<u32> {
+    return (q + vec2<u32>((128u - off) * 0x01010101u)) ^ vec2<u32>(0x80808080u);
+}
 
 // Bytes to floats without int-to-float conversions (a quarter-rate instruction on NVIDIA, and the
 // GEMVs' bottleneck there): byte b placed in the mantissa of 2^23 reads as 2^23 + b exactly.

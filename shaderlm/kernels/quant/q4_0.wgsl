@@ -13,7 +13,7 @@ fn dq8(blk: u32, j: u32) -> V8 {
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let d = split_d(blk);
-    return IQ8(q8w(blk, j), d, -8.0 * d);
+    return IQ8(signed_bytes(q8w(blk, j), 8u), d, 0.0);
 }
 
 #if WIDE

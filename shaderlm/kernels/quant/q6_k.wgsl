@@ -36,7 +36,7 @@ fn dq8(blk: u32, j: u32) -> V8 {
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let dl = k6_d(blk, j);
-    return IQ8(q8w(blk, j), dl, -32.0 * dl);
+    return IQ8(signed_bytes(q8w(blk, j), 32u), dl, 0.0);
 }
 
 #if WIDE
