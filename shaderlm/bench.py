@@ -117,7 +117,9 @@ def run(args):
             for p in args.p:
                 if p and not batches:
                     tps = bench_prompt(model, p, args.r, d)
-                    rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak, **extra))
+                    # a run is timed from the prompt's submit to its first token's id: the time to first token
+                    rows.append(_row(name, size, quant, f"pp{p}{at}", tps, 0, peak,
+                                     ttft_ms=1000 * p / statistics.median(tps), **extra))
             for n in args.n:
                 if not n:
                     continue
@@ -135,7 +137,8 @@ def run(args):
     if args.json:
         print(json.dumps({"device": device, "results": rows}, indent=1))
         return
-    cols = ["model", "size", "quant", "test", "tok/s", "+/-", "ms/tok", "cpu ms/tok", "MB/tok", "GB/s", "%peak"]
+    cols = ["model", "size", "quant", "test", "tok/s", "+/-", "ms/tok", "cpu ms/tok", "MB/tok", "GB/s", "%peak",
+            "TTFT ms"]
     print(f"device: {device}")
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
@@ -146,7 +149,8 @@ def run(args):
                 f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
                 f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",
                 f"{r['bytes'] / 1e6:.1f}" if r["bytes"] else "-",
-                f"{r['gbs']:.0f}" if r["bytes"] else "-", f"{r['pct_peak']:.0f}" if r.get("pct_peak") else "-"]
+                f"{r['gbs']:.0f}" if r["bytes"] else "-", f"{r['pct_peak']:.0f}" if r.get("pct_peak") else "-",
+                f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "-"]
         print(" | ".join(f"{v:>10}" for v in vals))
 
 

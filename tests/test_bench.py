@@ -13,9 +13,11 @@ def test_bench_json(tiny_gguf, capsys):
     assert set(rows) == {"pp8", "tg4"}
     for r in rows.values():
         assert len(r["runs"]) == 2 and r["tps"] > 0
-    tg = rows["tg4"]
+    tg, pp = rows["tg4"], rows["pp8"]
     # bytes per decode token: every weight matrix once; the tied embedding is the LM head
     assert 0 < tg["bytes"] <= tg["size"] and tg["dispatches"] > 0
+    # a prompt's run lasts until its first token: the time to first token is the median run's
+    assert "ttft_ms" not in tg and abs(pp["ttft_ms"] - 1000 * 8 / pp["tps"]) < 1e-6
 
 
 def test_bench_depth(tiny_gguf, capsys):
@@ -42,7 +44,7 @@ def test_bench_depth(tiny_gguf, capsys):
 def test_bench_peak_and_table(tiny_gguf, capsys):
     assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "2", "-r", "1", "--peak"]) == 0
     out = capsys.readouterr().out
-    assert "peak streaming read" in out and "tg2" in out and "%peak" in out
+    assert "peak streaming read" in out and "tg2" in out and "%peak" in out and "TTFT ms" in out
 
 
 def test_profile(tiny_gguf, capsys):

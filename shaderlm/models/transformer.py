@@ -28,7 +28,7 @@ from .args import ModelArgs
 
 PREFILL_TT = 8          # tokens per pass of the GEMV kernel in short prefills
 PREFILL_CHUNK = 512     # prompt tokens a prefill pass at most: larger GEMMs fill a big GPU better
-SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of the 64x64 GEMM
+SHORT_PREFILL = 16      # up to this many tokens, prefill uses the GEMV kernel instead of a tiled GEMM
 SUPPORTED_TYPES = tuple(QUANT_TYPES)
 
 
