@@ -9,8 +9,7 @@
 // (the second term only with MINS: types whose runs have a min, QuantType.iq8_min).
 // The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
 // which leaves room for larger tiles (docs/performance.md).
-// (A scale per 16 rather than 32 values of x costs about a sixth of the speed and takes a third
-// off the error: docs/performance.md.)
+// (A scale per 16 rather than 32 values of x: its speed and accuracy in docs/performance.md.)
 // Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
 #include quant_common
 #include {{QUANT}}
