@@ -101,7 +101,8 @@ def run(args):
     need = depth + prompt + gen + 8
     batches = args.batch_sizes or []
     for path in args.model or [None]:
-        model = shaderlm.load(path, device=args.device, ctx=max(need, 64), batch=max(args.batch or PREFILL_CHUNK, *batches, 1),
+        model = shaderlm.load(path, device=args.device, ctx=max(need, 64),
+                              batch=max(args.batch or PREFILL_CHUNK, *batches, 1),
                               tokens_per_submit=args.tokens_per_submit, progress=False,
                               int8_act=args.int8_act, exact_prefill=args.exact_prefill)
         if need > model.net.ctx:

@@ -219,8 +219,8 @@ def test_precision_follows_the_adapter(synth_gguf, monkeypatch):
 @pytest.mark.parametrize("name", ["llama-Q4_K_M", "llama-Q8_0", "llama-Q4_1"])
 def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
     """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default on
-    CPU adapters (and with --exact on GPUs; kernels/gemv.py int_x_ok; tests/test_kernels.py::test_gemv_x24 checks the kernels' accuracy). SHADERLM_NO_X24=1
-    builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
+    CPU adapters (and with --exact on GPUs; kernels/gemv.py int_x_ok; tests/test_kernels.py::test_gemv_x24
+    checks the kernels' accuracy). SHADERLM_NO_X24=1 builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
     f32 x; here 24 steps with no near-tie allowance)."""
     if not Options.from_env().x24:
         pytest.skip("SHADERLM_NO_X24 is set (a CI configuration): this test compares the default with it")

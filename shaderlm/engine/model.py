@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..models import PREFILL_CHUNK, load, open_model
+from ..models import load, open_model
 from ..models.loading import default_model_path
 from ..options import Options
 from .generate import Generator, Sampling
@@ -23,7 +23,7 @@ class Model:
         self.tokenizer = opened.tokenizer
         bar = _Progress(sum(t.n_bytes for t in opened.source.tensors.values()), os.path.basename(self.path)) \
             if progress else None
-        self.net = load(opened, self.options, ctx=ctx, batch=batch or PREFILL_CHUNK, progress=bar.update if bar else None)
+        self.net = load(opened, self.options, ctx=ctx, batch=batch, progress=bar.update if bar else None)
         if bar:
             bar.close()
         self.device = self.net.dev

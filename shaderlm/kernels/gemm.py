@@ -42,11 +42,11 @@ def q8_workgroup_bytes(tm: int, tv: int, kb: int = 1) -> int:
     return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
 
 
-def q8_tile(dev, rows: int, cols: int, tokens: int) -> tuple[int, int, int]:
-    """The first tile that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one leaving
-    the most), within the adapter's workgroup memory and dividing `cols` in K steps."""
+def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=Q8_TILES) -> tuple[int, int, int]:
+    """The first of `tiles` that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one
+    leaving the most), within the adapter's workgroup memory and dividing `cols` in K steps."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
-    fits = [t for t in Q8_TILES if q8_workgroup_bytes(*t) <= room and cols % (32 * t[2]) == 0]
+    fits = [t for t in tiles if q8_workgroup_bytes(*t) <= room and cols % (32 * t[2]) == 0]
     groups = {t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]) for t in fits}
     for t, n in groups.items():
         if n >= MIN_WORKGROUPS:
@@ -112,14 +112,12 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     batch: each expert's rows times the rows of the pairs that picked it, in the tiles of `groups`
     (expert_groups). x rows: a token's (shared by its slots), or with `per_pair_x` a pair's own; y
     rows: a pair's (token * slots + slot). Reads each picked expert once per tile of pairs. `tm`: the
-    rows a thread (default: 8 where that leaves MIN_WORKGROUPS tiles, else 4)."""
+    rows a thread (default q8_tile's, for the tiles' TV)."""
     tiles, order, tv = groups
     rows_e = w.rows // experts
     bn = 64 * tv
-    if tm is None:      # 128 rows where they leave MIN_WORKGROUPS tiles of an expert's average pairs
-        room = dev.limit("max-compute-workgroup-storage-size", 16384)
-        big = cdiv(rows_e, 128) * cdiv(cdiv(max_tokens * slots, experts), bn) >= MIN_WORKGROUPS
-        tm = 8 if big and q8_workgroup_bytes(8, tv) <= room else 4
+    # K steps of 32: 64 lost on the experts' GEMMs (docs/performance.md)
+    tm = tm or q8_tile(dev, rows_e, w.cols, cdiv(max_tokens * slots, experts), tiles=((8, tv, 1), (4, tv, 1)))[0]
     xrows = max_tokens * (slots if per_pair_x else 1)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False,
                              rows_per_token=slots if per_pair_x else 1)
@@ -127,7 +125,7 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, BIAS=bias is not None,
                     ACCUMULATE=False, EXPERTS=True, XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
     params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
-    res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]      # its tokens come from the tiles, not st
+    res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]   # tokens from the tiles, not st
     gx = cdiv(rows_e, 16 * tm)
     grid = lambda n: (gx, cdiv(n * slots, bn) + min(experts, n * slots))      # noqa: E731  (tiles: moe_tiles.wgsl)
     return out + [Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul_q8.{w.qtype.name}.experts",

@@ -167,13 +167,13 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
     }
 }
 
-// The integer sums start at the bits of 1.5 * 2^23 (SUM0), so that a sum s below 2^22 in magnitude
-// reads as the float 1.5 * 2^23 + s exactly, and a subtract gives s: no integer instruction beside the
+// The integer sums start at the bits of RND = 1.5 * 2^23 (SUM0), so that a sum s below 2^22 in
+// magnitude reads as the float RND + s exactly, and a subtract gives s: no integer instruction beside the
 // dots (their pipe is the busy one), none of the conversions (quarter rate on NVIDIA). A scale group's
 // sums stay below 16 * 128 * 128 = 2^18.
 const SUM0 = vec4<i32>(0x4B400000);
 fn i2f(v: vec4<i32>) -> vec4<f32> {
-    return bitcast<vec4<f32>>(v) - vec4<f32>(12582912.0);
+    return bitcast<vec4<f32>>(v) - vec4<f32>(RND);
 }
 
 fn i4(a: u32, b: vec4<u32>) -> vec4<i32> {

@@ -30,6 +30,10 @@ fn word(i: u32) -> u32 {
 fn word(i: u32) -> u32 { return w[i]; }
 #endif
 
+// 1.5 * 2^23: adding it to a float leaves round(v) in the low mantissa bits; an integer s below 2^22 in
+// magnitude added to its bits reads as RND + s
+const RND: f32 = 12582912.0;
+
 // WIDE helpers. Every index into an array or vector below is a constant: naga passes arrays by value
 // and NVIDIA's compiler put dynamically indexed ones in local memory (10x slower GEMVs, measured).
 #if WIDE
@@ -67,7 +71,6 @@ fn dot_u8(b: vec4<u32>, x0: vec4<f32>, x1: vec4<f32>, x2: vec4<f32>, x3: vec4<f3
 //   without X24 (int8 activations, GPUs' default; not exact): int8, d = max|x| / 127; s = d * (sum of the ints).
 //   X24 (--exact, and CPU adapters' default, where the type has these decoders): 24-bit fixed point,
 //   as accurate as f32 arithmetic (below). s = the f32 sum of the run.
-const RND: f32 = 12582912.0;     // 1.5 * 2^23: adding it leaves round(v) in the low mantissa bits
 fn abs_max(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, e: vec4<f32>) -> f32 {
     let m = max(max(abs(a), abs(b)), max(abs(c), abs(e)));
     return max(max(m.x, m.y), max(m.z, m.w));

