@@ -1185,9 +1185,9 @@ def int8_rounded(x):
 
 @pytest.mark.parametrize("case", INT_DOT_CASES)
 def test_gemv_int8_x(dev, case):
-    """The int8-activation GEMV (the GPU default) (weights flagged int8_x) computes the dot of the dequantized
-    weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type
-    with an int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
+    """The int8-activation GEMV (the GPU default; weights flagged int8_x) computes the dot of the dequantized
+    weights with x rounded to int8 per 16-element run: against NumPy on that rounded x, for every type with an
+    int8 decoder, fused GLU + norm, the Q4_K + Q6_K pair, and 2 chunk steps per trip."""
     c = gemv_case(dev, case, len(case) * 7, int8_x=True, shape=(32, 3, 2, 1, 1) if "steps" in case else None)
     ds, x, nw, eps, K, norm_ = c.ds, c.x, c.nw, c.eps, c.K, c.norm
     assert all("int8x" in d.tune.key for d in ds)

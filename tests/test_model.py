@@ -194,10 +194,10 @@ def test_int8_act_setting(env, want):
 
 
 def test_precision_follows_the_adapter(synth_gguf, monkeypatch):
-    """Left unset, a GPU (here the adapter made to report itself as one, then as a CPU) takes int8 activations in decode
-    and prefill and shares each batched GEMV weight load between 2 tokens; a CPU adapter takes the exact
-    paths (24-bit decode activations, the f32 GEMM), and so does any adapter told int8_act=False and
-    exact_prefill=True (the CLI's --exact)."""
+    """Left unset, a GPU (here the adapter made to report itself as one, then as a CPU) takes int8
+    activations in decode and prefill and shares each batched GEMV weight load between 2 tokens; a CPU
+    adapter takes the exact paths (24-bit decode activations, the f32 GEMM), and so does any adapter told
+    int8_act=False and exact_prefill=True (the CLI's --exact)."""
     for name in ("SHADERLM_INT8_ACT", "SHADERLM_EXACT_PREFILL", "SHADERLM_BATCH_NT"):      # conftest's
         monkeypatch.delenv(name, raising=False)
     path = synth_gguf(seed=1, **CASES["llama-Q4_K_M"])
@@ -220,8 +220,8 @@ def test_precision_follows_the_adapter(synth_gguf, monkeypatch):
 def test_x24_decode_is_the_default_and_follows_f32(models, monkeypatch, name):
     """The decode GEMVs of types with an integer-dot decoder take x as 24-bit fixed point by default on
     CPU adapters (and with --exact on GPUs; kernels/gemv.py int_x_ok; tests/test_kernels.py::test_gemv_x24
-    checks the kernels' accuracy). SHADERLM_NO_X24=1 builds them with f32 x instead; greedy decode is the same token for token (x24 is as accurate as
-    f32 x; here 24 steps with no near-tie allowance)."""
+    checks the kernels' accuracy). SHADERLM_NO_X24=1 builds them with f32 x instead; greedy decode is
+    the same token for token (x24 is as accurate as f32 x; here 24 steps with no near-tie allowance)."""
     if not Options.from_env().x24:
         pytest.skip("SHADERLM_NO_X24 is set (a CI configuration): this test compares the default with it")
     path, m = models(name, fuse=True)
