@@ -79,8 +79,8 @@ def add_precision(p):
                    help="decode GEMVs round x to int8 per 16 values and use integer dot products where the "
                         "weight type has them (the default on GPUs: faster, not bit-exact)")
     p.add_argument("--exact-prefill", action="store_true", default=None,
-                   help="prompts through the f32 GEMM (default on GPUs: x rounded to int8 per 16 values, "
-                        "integer dot products; faster, not bit-exact)")
+                   help="prompts through the f32 GEMM (default on GPUs: x rounded to int8 per 32 values, "
+                        "16 for Q2_K/Q3_K/Q6_K weights, integer dot products; faster, not bit-exact)")
     p.add_argument("--exact", action=_Exact, nargs=0, default=argparse.SUPPRESS,
                    help="exact arithmetic in prefill and decode: the f32 prefill GEMM and decode activations "
                         "as 24-bit fixed point (within f32 rounding; the default on CPU adapters)")

@@ -156,7 +156,8 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
-    xr, slack = q8_rounded(x) if int8 else (x.astype(np.float64), np.zeros(x.shape))
+    xr, slack = (q8_rounded(x, QUANT_TYPES[qtype].iq8_run) if int8
+                 else (x.astype(np.float64), np.zeros(x.shape)))
     prod = xr @ W.T
     ref = y0.astype(np.float64).copy()
     sl = (slice(0, m), slice(row0, row0 + rows))
@@ -174,11 +175,11 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
         f"{what}: wrote outside y[0:{m}, {row0}:{row0 + rows}]"
 
 
-def q8_rounded(x):
-    """x as the int8 prefill GEMM sees it: each 16-element run rounded to multiples of max|x| / 127
+def q8_rounded(x, run=16):
+    """x as the int8 prefill GEMM sees it: each run of `run` elements rounded to multiples of max|x| / 127
     (quantize_q8.wgsl), in float64, and per element the error a rounding tie may add (the kernel's f32
     127 x / max|x| can land on the other side of a half)."""
-    b = x.astype(np.float64).reshape(x.shape[0], -1, 16)
+    b = x.astype(np.float64).reshape(x.shape[0], -1, run)
     amax = np.abs(b).max(axis=-1, keepdims=True)
     safe = np.where(amax == 0, 1.0, amax)
     v = 127.0 * b / safe

@@ -146,7 +146,7 @@ def test_expert_matmul_q8(qtype, rows, cols, n, per_pair):
     group, groups = gemm.expert_groups(dev, dev.upload(ids.reshape(-1)), st, experts=E, slots=K, max_tokens=T)
     run(dev, [group] + gemm.expert_matmul_q8(dev, w, E, dev.upload(x), y, st, groups, slots=K,
                                              per_pair_x=per_pair, max_tokens=T, y_stride=rows), n)
-    xq, slack = q8_rounded(x)
+    xq, slack = q8_rounded(x, w.qtype.iq8_run)
     src = (np.arange(n * K) if per_pair else np.repeat(np.arange(n), K)).reshape(n, K)
     want = np.einsum("tkrc,tkc->tkr", W[ids], xq[src])
     tol = np.einsum("tkrc,tkc->tkr", np.abs(W[ids]), slack[src] + MM_RTOL * np.abs(xq[src])) + 1e-30

@@ -30,10 +30,12 @@ try:
     from neartie import first_divergence
     from reference import reference_logits
     from synth_models import check_logits, logit_tol, random_ids
+    from test_kernels import assert_close, q8_rounded
 except ImportError:  # tests/ imported as a package
     from tests.neartie import first_divergence
     from tests.reference import reference_logits
     from tests.synth_models import check_logits, logit_tol, random_ids
+    from tests.test_kernels import assert_close, q8_rounded
 
 NEW = ["Q2_K", "Q3_K", "IQ4_NL", "IQ4_XS", "MXFP4"]
 ALL = ["F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q4_K", "Q5_K", "Q6_K"] + NEW
@@ -281,29 +283,9 @@ def moderate_weight(name: str, rows: int, cols: int, rng):
     return raw, reference(name, raw, cols).astype(np.float64)
 
 
-def q8_rounded(x):
-    """x as the int8 GEMM takes it (quantize_q8.wgsl: per 16 values, multiples of max|x| / 127), and per
-    element the step a rounding tie may add (its f32 127 x / max|x| may land on either side of a half)."""
-    b = x.astype(np.float64).reshape(x.shape[0], -1, 16)
-    amax = np.abs(b).max(axis=-1, keepdims=True)
-    v = 127.0 * b / np.where(amax == 0, 1.0, amax)
-    d = amax / 127.0
-    near_tie = np.abs(v - np.floor(v) - 0.5) < 1e-4
-    return (np.floor(v + 0.5) * d).reshape(x.shape), (near_tie * d).reshape(x.shape)
-
-
 def run_into(dev, ds, n: int, yb, shape):
     Plan(dev, ds).run(n)
     return dev.read(yb, np.float32)[:int(np.prod(shape))].reshape(shape)
-
-
-def assert_close(got, ref, tol, what):
-    err = np.abs(np.asarray(got, np.float64) - ref)
-    bad = ~(err <= tol)                      # NaN counts as bad
-    if bad.any():
-        i = tuple(np.argwhere(bad)[0])
-        pytest.fail(f"{what}: {bad.sum()} of {bad.size} out of tolerance; first at {i}: got {got[i]!r} "
-                    f"ref {ref[i]!r} tol {tol[i]:.3g}")
 
 
 @pytest.mark.parametrize("path", list(MM_PATHS))
@@ -323,7 +305,7 @@ def test_matmul_new_types(dev, name, path):
     ds = ops.matmul(dev, w, dev.upload(x), yb, st, y_stride=rows, **kw)
     assert ds[-1].label == f"{kernel}.{name}"
     got = run_into(dev, ds, n, yb, (n + 1, rows))
-    xr, slack = q8_rounded(x) if kw.get("int8") else (x.astype(np.float64), 0 * x)
+    xr, slack = q8_rounded(x, QUANT_TYPES[name].iq8_run) if kw.get("int8") else (x.astype(np.float64), 0 * x)
     tol = slack @ np.abs(W).T + MM_RTOL * (np.abs(xr) @ np.abs(W).T) + 1e-30
     assert_close(got[:n], xr @ W.T, tol, f"{path} {name} {rows}x{K} n={n}")
     assert np.isnan(got[n]).all()

@@ -196,12 +196,12 @@ def test_continuation_logits(logits_of, name):
         f"{mine[s, k]:.4f}, reference {top_vals[s, k]:.4f} (|diff| {diff.max():.4f} > TOL {TOL})")
 
 
-# The int8 prefill GEMM (the default on GPUs) rounds each matmul's input to int8 per 16 values: not
-# exact. Measured on these prompts (lavapipe): reference top-8 logits within 0.34-1.06 of the reference
-# (TOL is 0.1 for the f32 path), each prompt's mean NLL within -1.9%..+0.12% of the f32 path's, the
-# whole text's within 0.2%. (Over 8 chunks of 256 tokens of the GPL-3 text: perplexity 22.279 against
-# 22.140, +0.63%; docs/performance.md.)
-INT8_TOL = 1.5
+# The int8 prefill GEMM (the default on GPUs) rounds each matmul's input to int8 per 32 values (16
+# where the weights' scales are per 16): not exact. Measured on these prompts (lavapipe): reference
+# top-8 logits within 0.64-1.47 of the reference (TOL is 0.1 for the f32 path), each prompt's NLL
+# within -1.4%..+1.0% of the f32 path's, the whole text's within 0.05%. (Over 8 chunks of 256 tokens of
+# the GPL-3 text: perplexity 22.326 against 22.140, +0.84%; docs/performance.md.)
+INT8_TOL = 2.0
 INT8_NLL_RTOL = 0.005
 
 

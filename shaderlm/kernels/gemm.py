@@ -2,7 +2,7 @@
 a workgroup, each weight tile decoded once into workgroup memory.
 
   f32 (matmul_tiled.wgsl): W dequantized to f32, 64x64 tiles; exact f32 arithmetic.
-  int8 (matmul_q8.wgsl): x rounded to int8 per 16-element run first (quantize_q8.wgsl), weights
+  int8 (matmul_q8.wgsl): x rounded to int8 per 32 (or 16) elements first (quantize_q8.wgsl), weights
       as their integer quants, dot4I8Packed in i32 and scales applied per block in f32: several times
       the arithmetic rate, at the cost of x's rounding (as llama.cpp's MMQ kernels).
 """
@@ -54,16 +54,17 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=Q8_TILES) -> tuple[int
     return max(fits, key=groups.get)
 
 
-def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool,
+def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: int,
                 rows_per_token: int = 1) -> tuple[list[Dispatch], tuple]:
-    """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks: the
-    dispatch and its three buffers. The buffers are scratch shared by every GEMM of this shape: plans
+    """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks with a
+    scale per `run` (16 or 32) elements: the dispatch and its three buffers. The buffers are scratch
+    shared by every GEMM of this shape: plans
     run their dispatches in order."""
     nb = k // 32
     xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
     xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)
     xs = dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8)
-    pipe = pipeline(dev, "quantize_q8")
+    pipe = pipeline(dev, "quantize_q8", RUN32=run == 32)
     bg = dev.bind_group(pipe, [dev.uniform(k, int(from_state_row), rows_per_token, 0), st, x, xq, xd, xs])
     gx = cdiv(nb, 64)
     return [Dispatch(pipe, bg, lambda n: (gx, n * rows_per_token), label="quantize_q8")], (xq, xd, xs)
@@ -79,12 +80,13 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
               tile=None) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB]) for every row chunk, else q8_tile's
     choice (KB 1 where K is not a multiple of 32 KB)."""
-    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row)
+    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
+                             run=w.qtype.iq8_run)
     for c in w.chunks:
         tm, tv, kb = (*(tile or q8_tile(dev, c.rows, w.cols, max_tokens)), 1)[:3]
         kb = kb if w.cols % (32 * kb) == 0 else 1
-        pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, BIAS=bias is not None,
-                        ACCUMULATE=accumulate, **q8_defines(tm, tv, kb))
+        pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, X32=w.qtype.iq8_run == 32,
+                        BIAS=bias is not None, ACCUMULATE=accumulate, **q8_defines(tm, tv, kb))
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
         gx, bn = cdiv(c.rows, 16 * tm), 64 * tv
@@ -119,11 +121,12 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     # K steps of 32: 64 lost on the experts' GEMMs (docs/performance.md)
     tm = tm or q8_tile(dev, rows_e, w.cols, cdiv(max_tokens * slots, experts), tiles=((8, tv, 1), (4, tv, 1)))[0]
     xrows = max_tokens * (slots if per_pair_x else 1)
-    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False,
+    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False, run=w.qtype.iq8_run,
                              rows_per_token=slots if per_pair_x else 1)
     c = w.chunks[0]
-    pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, BIAS=bias is not None,
-                    ACCUMULATE=False, EXPERTS=True, XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
+    pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, X32=w.qtype.iq8_run == 32,
+                    BIAS=bias is not None, ACCUMULATE=False, EXPERTS=True, XDIV=1 if per_pair_x else slots,
+                    **q8_defines(tm, tv))
     params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
     res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]   # tokens from the tiles, not st
     gx = cdiv(rows_e, 16 * tm)

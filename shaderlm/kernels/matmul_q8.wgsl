@@ -1,15 +1,15 @@
 // Prefill GEMM on 8-bit integers: y[t, row] (+)= sum_k W[row, k] * x[t, k], with x rounded to int8
-// per 16-element run by quantize_q8.wgsl (words xq, scales xd, sums xs) and the weights as their bytes
-// q (value d * q + m, the type's iq8). A workgroup computes BM rows x BN tokens; each K step of
-// 32 KB stages the weight tile (decoded once) and the activation tile in workgroup memory, two buffers
-// so that the next step's global loads are in flight while this one computes. A thread owns TM rows x
-// 4 TV tokens. For each 16-element run it loads the run's 4 words of its rows and tokens, then for each
-// output chains 4 dot4I8Packed into an i32 sum and folds it at once into f32:
-//   acc += f32(isum) * (d_w * d_x) + m_w * (d_x * sum q_x)
-// (the second term only with MINS: types whose runs have a min, QuantType.iq8_min).
+// per run (X32: 32 elements, else 16: the weight type's QuantType.iq8_run) by quantize_q8.wgsl (words xq,
+// scales xd, sums xs) and the weights as their bytes q (value d * q + m, the type's iq8). A workgroup
+// computes BM rows x BN tokens; each K step of 32 KB stages the weight tile (decoded once) and the
+// activation tile in workgroup memory, two buffers so that the next step's global loads are in flight
+// while this one computes. A thread owns TM rows x 4 TV tokens. For each run it loads the run's words of
+// its rows and tokens, then for each output sums their dot4I8Packed into an i32 and folds it at once:
+//   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
+// (the first only with MINS: types whose runs have a min, QuantType.iq8_min).
 // The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
-// which leaves room for larger tiles (docs/performance.md).
-// (A scale per 16 rather than 32 values of x: its speed and accuracy in docs/performance.md.)
+// which leaves room for larger tiles. Runs of 32 halve the folds: the dots' pipe, not the issue of
+// their adds and folds, bounds a K step (docs/performance.md).
 // Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
 #include quant_common
 #include {{QUANT}}
@@ -62,7 +62,7 @@ const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
 const RV: u32 = BM / 4u;          // vec4s across the rows
 const TW: u32 = BN / 4u;          // vec4s across the tokens
 const KB: u32 = {{KB}}u;          // 32-element blocks a K step
-const NS: u32 = 2u * KB;          // scale groups a K step: x has a scale per 16
+const NS: u32 = 2u * KB;          // 16-element runs a K step
 const GW: u32 = 4u;               // words a scale group
 
 // [buffer][word k][row / 4] and [buffer][group][row / 4]; [buffer][word k][token / 4], [buffer][token / 4]
@@ -212,6 +212,45 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let buf = step & 1u;
         // the next step's loads (the last step reloads its own, unused)
         let next = load_tile(li, min(step + 1u, steps - 1u), r_base, t_base, m);
+#if X32
+        for (var b = 0u; b < KB; b++) {
+            let g = 2u * b;
+#unroll RG r
+            let d$r = wd[buf][g * RV + tr + $ru * 16u];
+#if MINS
+            let o$r = wm[buf][g * RV + tr + $ru * 16u];
+#endif
+#end
+#unroll TV h
+            let xd$h = td[buf][g * TW + tc + $hu * 16u];
+#if MINS
+            let xs$h = ts[buf][g * TW + tc + $hu * 16u] + ts[buf][(g + 1u) * TW + tc + $hu * 16u];
+#endif
+#end
+#unroll RG r
+            {
+#unroll 8 k
+                let w$k = wq[buf][(b * 8u + $ku) * RV + tr + $ru * 16u];
+#end
+#unroll TV h
+                {
+#unroll 8 k
+                    let x$k = tq[buf][(b * 8u + $ku) * TW + tc + $hu * 16u];
+#end
+#unroll 4 c
+                    let s$c = i2f(SUM0 + i4(w0[$c], x0) + i4(w1[$c], x1) + i4(w2[$c], x2) + i4(w3[$c], x3)
+                                  + i4(w4[$c], x4) + i4(w5[$c], x5) + i4(w6[$c], x6) + i4(w7[$c], x7));
+#if MINS
+                    a$r$c$h = fma(vec4<f32>(o$r[$c]), xs$h, a$r$c$h);
+#endif
+                    a$r$c$h = fma(s$c, d$r[$c] * xd$h, a$r$c$h);
+#end
+                }
+#end
+            }
+#end
+        }
+#else
         for (var g = 0u; g < NS; g++) {
 #unroll 4 k
 #unroll RG r
@@ -239,14 +278,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let s$r$c$h = i2f(SUM0 + i4(w$r_0[$c], x$h_0) + i4(w$r_1[$c], x$h_1) + i4(w$r_2[$c], x$h_2)
                               + i4(w$r_3[$c], x$h_3));
 #if MINS
-            a$r$c$h += s$r$c$h * (d$r[$c] * xd$h) + o$r[$c] * xs$h;
-#else
-            a$r$c$h += s$r$c$h * (d$r[$c] * xd$h);
+            a$r$c$h = fma(vec4<f32>(o$r[$c]), xs$h, a$r$c$h);
 #endif
+            a$r$c$h = fma(s$r$c$h, d$r[$c] * xd$h, a$r$c$h);
 #end
 #end
 #end
         }
+#endif
         store_tile(li, buf ^ 1u, next);
         workgroupBarrier();
     }

@@ -7,8 +7,8 @@
 //   fn dq8(blk: u32, j: u32) -> V8   elements [8j, 8j+8) of block `blk`, in GGUF element order.
 // Quantized types also define, for the 8-bit prefill GEMM (matmul_q8.wgsl):
 //   fn iq8(blk: u32, j: u32) -> IQ8   the same elements as bytes q with value d * q + m (one (d, m)
-//                                    for each 16-element run at least); m is 0 for the types whose
-//                                    QuantType.iq8_min is False (offsets folded into signed q)
+//                                    for each run of QuantType.iq8_run elements); m is 0 for the types
+//                                    whose QuantType.iq8_min is False (offsets folded into signed q)
 // Decoders with a WIDE part (main region a multiple of 16 bytes) also define, for gemv.wgsl:
 //   WQK (elements per wide block), CPB (chunks per wide block), both also in formats/quants.py,
 //   fn x_chunk(r: XRow, b, c) -> array<vec4<f32>, N>   the x values chunk c of block b multiplies

@@ -1,6 +1,7 @@
-// Activations for the 8-bit prefill GEMM (matmul_q8.wgsl): each 16-element run of a token's row of x
-// becomes 16 int8 values q = round(127 x / max|x|) (4 words), its scale d = max|x| / 127 and d * sum(q)
-// (for the weights' offset terms). A thread per 32-element block: two runs.
+// Activations for the 8-bit prefill GEMM (matmul_q8.wgsl): each run of a token's row of x (16 elements,
+// or 32 with RUN32) becomes int8 values q = round(127 x / max|x|), its scale d = max|x| / 127, and each
+// 16 elements' d * sum(q) (for the weights' offset terms). A thread per 32-element block (4 words a
+// half); with RUN32 both halves get the block's scale.
 #include state
 
 struct P { k: u32, first_from_state: u32, rows_per_token: u32, _b: u32 }   // rows_per_token: 0 reads as 1
@@ -30,8 +31,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         m0 = max(m0, abs(v[i]));
         m1 = max(m1, abs(v[i + 4u]));
     }
-    let a0 = max(max(m0.x, m0.y), max(m0.z, m0.w));
-    let a1 = max(max(m1.x, m1.y), max(m1.z, m1.w));
+    var a0 = max(max(m0.x, m0.y), max(m0.z, m0.w));
+    var a1 = max(max(m1.x, m1.y), max(m1.z, m1.w));
+#if RUN32
+    a0 = max(a0, a1);
+    a1 = a0;
+#endif
     let inv0 = select(1.0 / a0, 0.0, a0 == 0.0);
     let inv1 = select(1.0 / a1, 0.0, a1 == 0.0);
     var q: array<u32, 8>;

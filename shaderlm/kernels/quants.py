@@ -33,6 +33,7 @@ class QuantType:
     int8_dot: bool = False    # the decoder has integer dots over x as digits: x24 or int8 (GPUs' default)
     k4_header: bool = False   # the block header's d, dmin and 6-bit scales are regrouped on the GPU
     iq8_min: bool = False     # iq8's m is not 0 (a min per run): the int8 GEMM adds m * sum(x) per run
+    iq8_run: int = 32         # elements one (d, m) of iq8 covers: the int8 GEMM's x has a scale per run
 
     @property
     def kernel(self) -> str:
@@ -40,8 +41,8 @@ class QuantType:
 
     @property
     def blocked(self) -> bool:
-        """Quantized in blocks of 32 or more (the decoder has iq8, for the int8 prefill GEMM, which
-        takes one (d, m) per aligned 16-element run: Q2_K, Q3_K and Q6_K's sub-blocks are that size)."""
+        """Quantized in blocks of 32 or more (the decoder has iq8, for the int8 prefill GEMM: one (d, m)
+        per aligned run of iq8_run elements)."""
         return self.block_elems >= 32
 
     @property
@@ -63,9 +64,9 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24), iq8_min=True),         # d, m, qh     -> 16
     QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True, iq8_min=True),  # 144 = 9 x 16
     QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48), k4_header=True, iq8_min=True),  # 176 = 11 x 16
-    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True),  # d            -> 208 = 13 x 16
-    QuantType("Q2_K", 256, 84, (80, 4), wide=(256, 4, 36), int8_dot=True, iq8_min=True),  # d, dmin      -> 80 = 5 x 16
-    QuantType("Q3_K", 256, 110, (96, 14), wide=(256, 4, 52), int8_dot=True),  # scales, d    -> 96 = 6 x 16
+    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True, iq8_run=16),  # d -> 208 = 13 x 16
+    QuantType("Q2_K", 256, 84, (80, 4), wide=(256, 4, 36), int8_dot=True, iq8_min=True, iq8_run=16),  # d, dmin -> 80
+    QuantType("Q3_K", 256, 110, (96, 14), wide=(256, 4, 52), int8_dot=True, iq8_run=16),  # scales, d    -> 96 = 6 x 16
     QuantType("IQ4_NL", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True),     # d            -> 16
     QuantType("IQ4_XS", 256, 136, (0, 8), wide=(256, 8, 24), int8_dot=True),  # d, scales    -> 128 = 8 x 16
     QuantType("MXFP4", 32, 17, (0, 1), wide=(32, 1, 20), int8_dot=True),      # e (E8M0)     -> 16
