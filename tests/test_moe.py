@@ -18,11 +18,11 @@ from shaderlm.options import Options
 
 try:
     from test_kernels import MM_RTOL, assert_close, make_weight, q8_rounded, read_f32, run, state, upload
-    from reference import reference_logits
+    from reference import load_reference, reference_logits
     from synth_models import random_ids
 except ImportError:  # tests/ imported as a package
     from tests.test_kernels import MM_RTOL, assert_close, make_weight, q8_rounded, read_f32, run, state, upload
-    from tests.reference import reference_logits
+    from tests.reference import load_reference, reference_logits
     from tests.synth_models import random_ids
 
 
@@ -169,16 +169,37 @@ def test_moe_combine():
     np.testing.assert_allclose(read_f32(dev, xb, (n, D)), want, rtol=1e-5, atol=1e-5)
 
 
+def _routing_margin(path, ids) -> float:
+    """The smallest gap between a token's K-th and (K+1)-th router logits over every layer of the
+    reference pass, relative to the largest |router logit|."""
+    ref = load_reference(path)
+    k, gaps, experts = ref.cfg.n_experts_used, [], ref._experts
+
+    def spy(h, b):
+        logits = h @ ref.w[b + "ffn_gate_inp.weight"].T.astype(np.float64)
+        top = -np.sort(-logits, axis=1)
+        gaps.append((top[:, k - 1] - top[:, k]) / np.abs(logits).max())
+        return experts(h, b)
+    ref._experts = spy
+    try:
+        ref.forward(ids)
+    finally:
+        del ref._experts
+    return float(np.concatenate(gaps).min())
+
+
 def test_grouped_int8_prefill_logits(synth_gguf):
     """A whole Qwen3-MoE prompt through the grouped int8 GEMMs, against the NumPy reference at the
-    int8 prefill's tolerance (test_model.py). Rounding x to int8 can flip a token's expert where two
-    router logits nearly tie, which moves that token's logits by their scale: this seeded prompt has
-    no such near-tie."""
+    int8 prefill's tolerance (test_model.py). Rounding x to int8 moved this model's router logits by up
+    to about 0.3% of their largest and can flip a token's expert where two nearly tie, which moves that token's
+    logits by their scale: the prompt is the first of the seeded ones whose routing has no gap under
+    0.5%."""
     path = synth_gguf(seed=1, preset="tiny", arch="qwen3moe", quant="Q8_0")
     m = shaderlm.load(path, progress=False, ctx=64, options=Options.from_env().replace(exact_prefill=False))
     layer = m.net.plan_prefill[False].dispatches
     assert any(d.label.endswith(".experts") and d.label.startswith("matmul_q8") for d in layer)
-    ids = random_ids(m.config.vocab_size, 40, 0)
+    ids = next(i for i in (random_ids(m.config.vocab_size, 40, seed) for seed in range(16))
+               if _routing_margin(path, i) >= 0.005)
     ref = reference_logits(path, ids)
     err = np.abs(m.logits(ids) - ref).max() / np.abs(ref).max()
     assert err <= 0.04, f"int8 grouped prefill logits off by {err:.3g} of max |logit|"
