@@ -62,8 +62,13 @@ const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
 const RV: u32 = BM / 4u;          // vec4s across the rows
 const TW: u32 = BN / 4u;          // vec4s across the tokens
 const KB: u32 = {{KB}}u;          // 32-element blocks a K step
-const NS: u32 = 2u * KB;          // 16-element runs a K step
-const GW: u32 = 4u;               // words a scale group
+const NS: u32 = 2u * KB;          // 16-element groups a K step (x's and the weights' scales)
+#if X32
+const GS: u32 = 2u;               // groups a run of x
+#else
+const GS: u32 = 1u;
+#endif
+const GW: u32 = 4u;               // words a group
 
 // [buffer][word k][row / 4] and [buffer][group][row / 4]; [buffer][word k][token / 4], [buffer][token / 4]
 var<workgroup> wq: array<array<vec4<u32>, {{WQ}}>, 2>;
@@ -212,9 +217,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let buf = step & 1u;
         // the next step's loads (the last step reloads its own, unused)
         let next = load_tile(li, min(step + 1u, steps - 1u), r_base, t_base, m);
-#if X32
-        for (var b = 0u; b < KB; b++) {
-            let g = 2u * b;
+        for (var g = 0u; g < NS; g += GS) {
 #unroll RG r
             let d$r = wd[buf][g * RV + tr + $ru * 16u];
 #if MINS
@@ -224,18 +227,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll TV h
             let xd$h = td[buf][g * TW + tc + $hu * 16u];
 #if MINS
+#if X32
             let xs$h = ts[buf][g * TW + tc + $hu * 16u] + ts[buf][(g + 1u) * TW + tc + $hu * 16u];
+#else
+            let xs$h = ts[buf][g * TW + tc + $hu * 16u];
+#endif
 #endif
 #end
+#if X32
+            // a run's 8 words: those of a row vec4, then of each token vec4 in turn
 #unroll RG r
             {
 #unroll 8 k
-                let w$k = wq[buf][(b * 8u + $ku) * RV + tr + $ru * 16u];
+                let w$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * 16u];
 #end
 #unroll TV h
                 {
 #unroll 8 k
-                    let x$k = tq[buf][(b * 8u + $ku) * TW + tc + $hu * 16u];
+                    let x$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * 16u];
 #end
 #unroll 4 c
                     let s$c = i2f(SUM0 + i4(w0[$c], x0) + i4(w1[$c], x1) + i4(w2[$c], x2) + i4(w3[$c], x3)
@@ -249,9 +258,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
             }
 #end
-        }
 #else
-        for (var g = 0u; g < NS; g++) {
+            // a run's 4 words of every row and token at once
 #unroll 4 k
 #unroll RG r
             let w$r_$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * 16u];
@@ -259,18 +267,6 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll TV h
             let x$h_$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * 16u];
 #end
-#end
-#unroll RG r
-            let d$r = wd[buf][g * RV + tr + $ru * 16u];
-#if MINS
-            let o$r = wm[buf][g * RV + tr + $ru * 16u];
-#endif
-#end
-#unroll TV h
-            let xd$h = td[buf][g * TW + tc + $hu * 16u];
-#if MINS
-            let xs$h = ts[buf][g * TW + tc + $hu * 16u];
-#endif
 #end
 #unroll RG r
 #unroll 4 c
@@ -284,8 +280,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
 #end
 #end
-        }
 #endif
+        }
         store_tile(li, buf ^ 1u, next);
         workgroupBarrier();
     }
