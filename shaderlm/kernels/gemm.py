@@ -58,8 +58,7 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
                 rows_per_token: int = 1) -> tuple[list[Dispatch], tuple]:
     """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks with a
     scale per `run` (16 or 32) elements: the dispatch and its three buffers. The buffers are scratch
-    shared by every GEMM of this shape: plans
-    run their dispatches in order."""
+    shared by every GEMM of this shape: plans run their dispatches in order."""
     nb = k // 32
     xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
     xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)

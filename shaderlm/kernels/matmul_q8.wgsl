@@ -8,8 +8,8 @@
 //   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
 // (the first only with MINS: types whose runs have a min, QuantType.iq8_min).
 // The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
-// which leaves room for larger tiles. Runs of 32 halve the folds: the dots' pipe, not the issue of
-// their adds and folds, bounds a K step (docs/performance.md).
+// which leaves room for larger tiles. Runs of 32 halve the folds, whose instructions take issue slots
+// the dots need (docs/performance.md).
 // Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
 #include quant_common
 #include {{QUANT}}
