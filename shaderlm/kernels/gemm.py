@@ -69,6 +69,11 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
     return [Dispatch(pipe, bg, lambda n: (gx, n * rows_per_token), label="quantize_q8")], (xq, xd, xs)
 
 
+def _type_defines(w) -> dict:
+    """matmul_q8's defines for the weight's type: its decoder, whether its runs have mins, its run length."""
+    return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32)
+
+
 def _xbufs(w, xbufs: tuple) -> tuple:
     """The GEMM's x bindings: x's sums only for a type with mins (MINS)."""
     xq, xd, xs = xbufs
@@ -84,8 +89,8 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     for c in w.chunks:
         tm, tv, kb = (*(tile or q8_tile(dev, c.rows, w.cols, max_tokens)), 1)[:3]
         kb = kb if w.cols % (32 * kb) == 0 else 1
-        pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, X32=w.qtype.iq8_run == 32,
-                        BIAS=bias is not None, ACCUMULATE=accumulate, **q8_defines(tm, tv, kb))
+        pipe = pipeline(dev, "matmul_q8", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
+                        **q8_defines(tm, tv, kb))
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
         gx, bn = cdiv(c.rows, 16 * tm), 64 * tv
@@ -123,9 +128,8 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False, run=w.qtype.iq8_run,
                              rows_per_token=slots if per_pair_x else 1)
     c = w.chunks[0]
-    pipe = pipeline(dev, "matmul_q8", QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, X32=w.qtype.iq8_run == 32,
-                    BIAS=bias is not None, ACCUMULATE=False, EXPERTS=True, XDIV=1 if per_pair_x else slots,
-                    **q8_defines(tm, tv))
+    pipe = pipeline(dev, "matmul_q8", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=False, EXPERTS=True,
+                    XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
     params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
     res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]   # tokens from the tiles, not st
     gx = cdiv(rows_e, 16 * tm)

@@ -1,5 +1,5 @@
 // Prefill GEMM on 8-bit integers: y[t, row] (+)= sum_k W[row, k] * x[t, k], with x rounded to int8
-// per run (X32: 32 elements, else 16: the weight type's QuantType.iq8_run) by quantize_q8.wgsl (words xq,
+// per run (RUN32: 32 elements, else 16: the weight type's QuantType.iq8_run) by quantize_q8.wgsl (words xq,
 // scales xd, sums xs) and the weights as their bytes q (value d * q + m, the type's iq8). A workgroup
 // computes BM rows x BN tokens; each K step of 32 KB stages the weight tile (decoded once) and the
 // activation tile in workgroup memory, two buffers so that the next step's global loads are in flight
@@ -63,7 +63,7 @@ const RV: u32 = BM / 4u;          // vec4s across the rows
 const TW: u32 = BN / 4u;          // vec4s across the tokens
 const KB: u32 = {{KB}}u;          // 32-element blocks a K step
 const NS: u32 = 2u * KB;          // 16-element groups a K step (x's and the weights' scales)
-#if X32
+#if RUN32
 const GS: u32 = 2u;               // groups a run of x
 #else
 const GS: u32 = 1u;
@@ -227,14 +227,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll TV h
             let xd$h = td[buf][g * TW + tc + $hu * 16u];
 #if MINS
-#if X32
+#if RUN32
             let xs$h = ts[buf][g * TW + tc + $hu * 16u] + ts[buf][(g + 1u) * TW + tc + $hu * 16u];
 #else
             let xs$h = ts[buf][g * TW + tc + $hu * 16u];
 #endif
 #endif
 #end
-#if X32
+#if RUN32
             // a run's 8 words: those of a row vec4, then of each token vec4 in turn
 #unroll RG r
             {
