@@ -50,6 +50,8 @@ class Options:
     batch_tokens: int | None = None     # tokens a workgroup of a batched decode GEMV computes at most;
                                         # None: what suits the activations (2 for int8, 1 for 24-bit)
     q8_tile: tuple | None = None        # the int8 prefill GEMM's tile override
+    gemm_rows: int | None = None        # serving steps of this many rows or more take the prompt GEMMs
+                                        # (0: never); None: models/serving.py's default
 
     def replace(self, **changes) -> "Options":
         """A copy with the given fields changed; None values leave a field as it is."""
@@ -67,7 +69,8 @@ class Options:
                    subgroups=not _flag(env, "SHADERLM_NO_SUBGROUPS"), fuse=_tristate(env, "SHADERLM_FUSE"),
                    x24=not _flag(env, "SHADERLM_NO_X24"),
                    attention_shape=_ints(env, "SHADERLM_ATTN"),
-                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (None,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"))
+                   batch_tokens=(_ints(env, "SHADERLM_BATCH_NT") or (None,))[0], q8_tile=_ints(env, "SHADERLM_Q8_TILE"),
+                   gemm_rows=(_ints(env, "SHADERLM_GEMM_ROWS") or (None,))[0])
 
 
 BACKENDS = {"wgpu": "wgpu", "dawn": "wgpudawn"}      # --backend name -> the package with wgpu-py's API

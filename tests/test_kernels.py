@@ -129,7 +129,7 @@ def k_for(qtype, i=0):
 
 def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, row0=0, y_extra=0,
                  first=None, max_binding=None, seed=0, n_chunks=None, tiled=True, int8=False, scale=1.0,
-                 q8_tile=None):
+                 q8_tile=None, split=False):
     """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows; with `int8`,
     the reference takes x as the int8 GEMM rounds it (q8_rounded)."""
     rng = np.random.default_rng(seed)
@@ -152,7 +152,7 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     bb = dev.upload(b) if bias else None
     ds = ops.matmul(dev, w, xb, yb, st, tt=tt, y_stride=ys, row0=row0, accumulate=accumulate, bias=bb,
                     from_state_row=first is not None, tiled=tiled, int8=int8,
-                    q8_tile=q8_tile)
+                    q8_tile=q8_tile, split=split)
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
@@ -201,7 +201,7 @@ def test_matmul_int8(dev, qtype, n):
     check_matmul(dev, qtype, [37, 200][i % 2], k_for(qtype, i), n, n, seed=i, int8=True)
 
 
-@pytest.mark.parametrize("tile", gemm.Q8_TILES)
+@pytest.mark.parametrize("tile", gemm.Q8_TILES + gemm.Q8_FEW_TILES)
 def test_matmul_int8_tiles(dev, tile):
     """Every int8 GEMM tile, with partial tiles of rows and tokens, and Q6_K's 16-element scale groups;
     K steps of 64 where K allows them (512), of 32 where it does not (96)."""
@@ -209,13 +209,23 @@ def test_matmul_int8_tiles(dev, tile):
     check_matmul(dev, "Q4_1", 77, 96, 67, 67, seed=tile[1], int8=True, q8_tile=tile)
 
 
+@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 20, None), ("Q6_K", 77, 1024, 5, 2),
+                                                   ("Q8_0", 130, 1536, 64, None)])
+def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
+    """The few-token GEMM with K in slices and their partial sums added by a second dispatch, with
+    the epilogue (bias, accumulate, a row offset) and rows from the state's first row."""
+    assert gemm.k_slices(rows, K) > 1
+    for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5)):
+        check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+
+
 def test_q8_tile_fits_the_adapter_and_k(dev):
     """The tile picked for a matrix fits the adapter's workgroup memory and steps through K whole."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
     for rows, cols, tokens in [(4096, 4096, 512), (1024, 4096, 512), (14336, 4096, 256), (4096, 14336, 1024),
-                               (77, 96, 67), (576, 1536, 16)]:
-        tm, tv, kb = gemm.q8_tile(dev, rows, cols, tokens)
-        assert gemm.q8_workgroup_bytes(tm, tv, kb) <= room and cols % (32 * kb) == 0
+                               (77, 96, 67), (576, 1536, 16), (4096, 4096, 3), (4096, 4096, 64)]:
+        tile = gemm.q8_tile(dev, rows, cols, tokens)
+        assert gemm.q8_workgroup_bytes(*tile) <= room and cols % (32 * tile[2]) == 0
 
 
 @pytest.mark.parametrize("feature", ["all", "bias_row0"])

@@ -71,6 +71,42 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
             assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
 
 
+@pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0"),
+                                               ("qwen3", "tiny", "Q4_1")])
+def test_batches_on_the_prompt_gemms(synth_gguf, arch, preset, quant):
+    """Steps of gemm_rows rows or more run the int8 prompt GEMMs (K split in slices, their sums added in
+    order) instead of the decode GEMVs: a sequence's tokens and logits are then bit-identical in every
+    such batch, whatever its neighbours and the batch's tile, and greedy decode follows the reference
+    (teacher-forced on our tokens) wherever its top-1/top-2 margin is clear of int8 rounding (5% of the
+    logit scale, as tests/test_model.py's int8 tests)."""
+    from reference import reference_logits
+    from neartie import first_divergence
+    path = synth_gguf(seed=2, preset=preset, arch=arch, quant=quant)
+    m = shaderlm.load(path, progress=False, ctx=256, options=Options.from_env().replace(exact_prefill=False,
+                                                                                         gemm_rows=2))
+    prompts = [random_ids(m.config.vocab_size, n, seed) for seed, n in enumerate((5, 19, 40, 11, 33))]
+    sv = Serving(m.net, slots=5, seq_ctx=128, tokens_per_submit=4)
+    assert sv.gemm_rows == 2 and Options.from_env({"SHADERLM_GEMM_ROWS": "2"}).gemm_rows == 2
+    labels = {rows: [d.label for d in sv.decode_plan(rows).dispatches] for rows in (1, 2)}
+    assert any(x.startswith("gemv") for x in labels[1]) and not any(x.startswith("matmul_q8") for x in labels[1])
+    assert any(x.startswith("matmul_q8") for x in labels[2]) and not any(x.startswith("gemv") for x in labels[2])
+    seen = {}
+    for mix in ([0, 2], [2, 0, 4], [1, 3, 0, 2, 4], [3, 1]):
+        got = _generate_batched(sv, {s: prompts[i] for s, i in enumerate(mix)}, N)
+        for s, i in enumerate(mix):
+            seen.setdefault(i, []).append((got[s], sv.last_logits(len(mix))[s]))
+    for i, runs in seen.items():
+        toks, logits = runs[0]
+        for t, lg in runs[1:]:
+            assert t == toks and np.array_equal(lg, logits), f"prompt {i}: differs between batches"
+        ref = reference_logits(path, prompts[i] + toks)
+        rows = ref[len(prompts[i]) - 1:len(prompts[i]) - 1 + len(toks)]
+        top2 = np.sort(rows, axis=1)[:, -2:]
+        bad = first_divergence(rows.argmax(1).tolist(), (top2[:, 1] - top2[:, 0]).tolist(), toks,
+                               0.05 * float(np.abs(ref).max()))
+        assert bad is None, (i, bad)
+
+
 @pytest.fixture(scope="module")
 def engine(synth_gguf):
     path = synth_gguf(seed=3, preset="tiny", arch="llama", quant="Q8_0")

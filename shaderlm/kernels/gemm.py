@@ -12,9 +12,12 @@ from ..gpu.plan import Dispatch
 from . import pipeline
 from .grid import cdiv
 
-# (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB): tiles of 16 TM rows x
-# 64 TV tokens, in order of preference
+# (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
+# (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
 Q8_TILES = ((8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
+# for a few tokens (a decode batch's rows): tiles of 16, 32 or 64 tokens, a token's threads few, so that
+# small matrices still make many workgroups
+Q8_FEW_TILES = ((4, 1, 2, 4, 64), (4, 1, 2, 8, 128), (4, 1, 2, 16, 128), (8, 1, 2, 8, 128), (8, 1, 2, 16, 256))
 MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
 
 
@@ -30,24 +33,39 @@ def matmul_f32(dev, w, x, y, st, *, y_stride, row0, accumulate, bias, from_state
     return out
 
 
-def q8_defines(tm: int, tv: int, kb: int = 1) -> dict:
-    bm, bn = 16 * tm, 64 * tv
-    return dict(TM=tm, TV=tv, KB=kb, RG=tm // 4, LW=tm * kb // 4, XL=max(1, tv * kb // 2), BM=bm, BN=bn,
-                WQ=8 * kb * bm // 4, WS=2 * kb * bm // 4, TQ=8 * kb * bn // 4, TD=2 * kb * bn // 4,
+def q8_defines(tm: int, tv: int, kb: int = 1, tl: int = 16, wg: int = 256) -> dict:
+    bm, bn = wg // tl * tm, 4 * tl * tv
+    if kb * bn > wg or (bm * kb * 4) % wg:
+        raise ValueError(f"int8 GEMM tile {(tm, tv, kb, tl, wg)}: a thread per token's K-step scales and whole "
+                         f"weight loads a thread are needed")
+    return dict(TM=tm, TV=tv, KB=kb, TL=tl, WG=wg, RG=tm // 4, LW=bm * kb * 4 // wg, XL=cdiv(bn * kb * 2, wg),
+                BM=bm, BN=bn, WQ=8 * kb * bm // 4, WS=2 * kb * bm // 4, TQ=8 * kb * bn // 4, TD=2 * kb * bn // 4,
                 TS=2 * kb * bn // 4)
 
 
-def q8_workgroup_bytes(tm: int, tv: int, kb: int = 1) -> int:
-    d = q8_defines(tm, tv, kb)
+def tile_size(tile) -> tuple[int, int]:
+    """(rows, tokens) of a workgroup's tile (TM, TV[, KB[, TL, WG]])."""
+    d = q8_defines(*tile)
+    return d["BM"], d["BN"]
+
+
+def q8_workgroup_bytes(*tile) -> int:
+    d = q8_defines(*tile)
     return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
 
 
-def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=Q8_TILES) -> tuple[int, int, int]:
+def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
     """The first of `tiles` that leaves MIN_WORKGROUPS workgroups or more for `tokens` (else the one
-    leaving the most), within the adapter's workgroup memory and dividing `cols` in K steps."""
+    leaving the most), within the adapter's workgroup memory, with K steps of 32 where K needs them.
+    Default tiles: Q8_TILES, or for 64 tokens or fewer those of Q8_FEW_TILES and Q8_TILES whose
+    tokens are the fewest that hold them."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
-    fits = [t for t in tiles if q8_workgroup_bytes(*t) <= room and cols % (32 * t[2]) == 0]
-    groups = {t: cdiv(rows, 16 * t[0]) * cdiv(tokens, 64 * t[1]) for t in fits}
+    if tiles is None and tokens <= 64:
+        bn = max(16, 1 << (tokens - 1).bit_length())
+        tiles = [t for t in Q8_FEW_TILES + Q8_TILES if tile_size(t)[1] == bn]
+    tiles = [t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:]) for t in tiles or Q8_TILES]
+    fits = [t for t in dict.fromkeys(tiles) if q8_workgroup_bytes(*t) <= room]
+    groups = {t: cdiv(rows, tile_size(t)[0]) * cdiv(tokens, tile_size(t)[1]) for t in fits}
     for t, n in groups.items():
         if n >= MIN_WORKGROUPS:
             return t
@@ -80,22 +98,47 @@ def _xbufs(w, xbufs: tuple) -> tuple:
     return xq, xd, xs if w.qtype.iq8_min else None
 
 
+SPLIT_GROUPS = 512
+PARTIALS = 2 * 64 * SPLIT_GROUPS    # partial sums a token of a split GEMM holds at most (rows x slices)
+
+
+def k_slices(rows: int, cols: int) -> int:
+    """How many slices of K a few-token GEMM of this matrix splits into (each 512 elements or more, a
+    multiple of 64): enough for SPLIT_GROUPS workgroups of 64 rows. A function of the matrix alone, so
+    that a token's sums are added in the same order in every batch."""
+    s = 1
+    while cdiv(rows, 64) * s < SPLIT_GROUPS and cols % (128 * s) == 0 and cols // (2 * s) >= 512:
+        s *= 2
+    return s
+
+
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None) -> list[Dispatch]:
-    """x has at most max_tokens rows; `tile`: (TM, TV[, KB]) for every row chunk, else q8_tile's
-    choice (KB 1 where K is not a multiple of 32 KB)."""
+              tile=None, split: bool = False) -> list[Dispatch]:
+    """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
+    choice (KB 1 where K is not a multiple of 32 KB). `split`: K in k_slices' slices (for a few tokens,
+    whose tiles alone leave the GPU idle), their partial sums added in order by a second dispatch."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run)
     for c in w.chunks:
-        tm, tv, kb = (*(tile or q8_tile(dev, c.rows, w.cols, max_tokens)), 1)[:3]
-        kb = kb if w.cols % (32 * kb) == 0 else 1
-        pipe = pipeline(dev, "matmul_q8", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
-                        **q8_defines(tm, tv, kb))
-        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
-        res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
-        gx, bn = cdiv(c.rows, 16 * tm), 64 * tv
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn: (gx, cdiv(n, bn)),
+        t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
+        tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)
+        slices = k_slices(c.rows, w.cols) if split else 1
+        kb = kb if (w.cols // slices) % (32 * kb) == 0 else 1
+        d = q8_defines(tm, tv, kb, *more)
+        kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
+        pipe = pipeline(dev, "matmul_q8", **_type_defines(w), **kw, SPLIT=slices, **d)
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), max_tokens, 0)
+        part = y if slices == 1 else dev.scratch(f"q8.partials.{max_tokens}", 4 * max_tokens * PARTIALS)
+        res = [params, st, c.buffer, *_xbufs(w, xbufs), part] + ([bias] if bias is not None and slices == 1 else [])
+        gx, bn = cdiv(c.rows, d["BM"]), d["BN"]
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn, z=slices: (gx, cdiv(n, bn), z),
                             label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size))
+        if slices > 1:
+            pipe = pipeline(dev, "matmul_split", SPLIT=slices, BIAS=bias is not None, ACCUMULATE=accumulate)
+            params = dev.uniform(c.rows, row0 + c.row0, y_stride, max_tokens, int(from_state_row), 0, 0, 0)
+            res = [params, st, part, None, None, None, y] + ([bias] if bias is not None else [])
+            gx = cdiv(c.rows, 256)
+            out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, n), label="matmul_split"))
     return out
 
 
@@ -129,7 +172,7 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
                              rows_per_token=slots if per_pair_x else 1)
     c = w.chunks[0]
     pipe = pipeline(dev, "matmul_q8", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=False, EXPERTS=True,
-                    XDIV=1 if per_pair_x else slots, **q8_defines(tm, tv))
+                    XDIV=1 if per_pair_x else slots, SPLIT=1, **q8_defines(tm, tv))
     params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
     res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]   # tokens from the tiles, not st
     gx = cdiv(rows_e, 16 * tm)

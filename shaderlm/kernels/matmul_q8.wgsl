@@ -3,20 +3,23 @@
 // scales xd, sums xs) and the weights as their bytes q (value d * q + m, the type's iq8). A workgroup
 // computes BM rows x BN tokens; each K step of 32 KB stages the weight tile (decoded once) and the
 // activation tile in workgroup memory, two buffers so that the next step's global loads are in flight
-// while this one computes. A thread owns TM rows x 4 TV tokens. For each run it loads the run's words of
+// while this one computes. A thread owns TM rows x 4 TV tokens; of the WG threads, TL across the tokens
+// (16, or fewer for a few tokens: a decode batch), RL across the rows. For each run it loads the run's words of
 // its rows and tokens, then for each output sums their dot4I8Packed into an i32 and folds it at once:
 //   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
 // (the first only with MINS: types whose runs have a min, QuantType.iq8_min).
 // The sums live only that long: a register an output (its f32 accumulator), not an i32 one beside it,
 // which leaves room for larger tiles. Runs of 32 halve the folds, whose instructions take issue slots
 // the dots need (docs/performance.md).
-// Rows and tokens of a thread are 4 apart in 16-lane strides so that workgroup loads do not conflict.
+// Rows and tokens of a thread are 4 apart in RL- and TL-lane strides so that workgroup loads do not conflict.
 #include quant_common
 #include {{QUANT}}
 #include state
 #include epilogue
 
-struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, _a: u32, _b: u32 }
+// PARTIALS: K in SPLIT slices, one a grid z; a slice's sums go to y as partials [slice][token][row],
+// part_tokens tokens a slice, for matmul_split.wgsl to add in order (the epilogue is its).
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, part_tokens: u32, _b: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
@@ -48,20 +51,29 @@ fn x_row(t: u32) -> u32 {
     return t;
 #endif
 }
+var<private> slice: u32;          // SPLIT: the workgroup's slice of K
 fn put(t: u32, row: u32, v: f32) {
     let yr = p.row0 + row;
+#if PARTIALS
+    y[(slice * p.part_tokens + t) * p.rows + row] = v;
+#else
 #if EXPERTS
     write_y(pairs[e_p0 + t] * p.y_stride + yr, e_w0 + row, v);
 #else
     write_y(t * p.y_stride + yr, yr, v);
 #endif
+#endif
 }
 
-const BM: u32 = {{BM}}u;          // rows a workgroup: 16 TM
-const BN: u32 = {{BN}}u;          // tokens a workgroup: 64 TV
+const TL: u32 = {{TL}}u;          // threads across the tokens
+const WG: u32 = {{WG}}u;          // threads a workgroup
+const RL: u32 = WG / TL;          // threads across the rows
+const BM: u32 = {{BM}}u;          // rows a workgroup: RL TM
+const BN: u32 = {{BN}}u;          // tokens a workgroup: 4 TL TV
 const RV: u32 = BM / 4u;          // vec4s across the rows
 const TW: u32 = BN / 4u;          // vec4s across the tokens
 const KB: u32 = {{KB}}u;          // 32-element blocks a K step
+const SPLIT: u32 = {{SPLIT}}u;    // slices of K (grid z)
 const NS: u32 = 2u * KB;          // 16-element groups a K step (x's and the weights' scales)
 #if RUN32
 const GS: u32 = 2u;               // groups a run of x
@@ -103,7 +115,7 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
     // loads are unconditional (clamped indices, results zeroed): a load under an `if` waits for its value
 #unroll LW e
     {
-        let i = li + $eu * 256u;
+        let i = li + $eu * WG;
         let row = r_base + i / (4u * KB);
         let kk = k0 + (i % (4u * KB)) * 8u;
         let v = iq8((e_w0 + min(row, p.rows - 1u)) * bpr + kk / QK, (kk % QK) / 8u);
@@ -114,7 +126,7 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
     let nb = p.k / 32u;
 #unroll XL e
     {
-        let i = li + $eu * 256u;
+        let i = li + $eu * WG;
         let tok = x_row(min(t_base + i / (2u * KB), m - 1u));
         t.x$e = xq[(tok * nb + step * KB) * 2u + i % (2u * KB)];
     }
@@ -132,7 +144,7 @@ fn load_tile(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Tile {
 fn store_tile(li: u32, buf: u32, t: Tile) {
 #unroll LW e
     {
-        let i = li + $eu * 256u;
+        let i = li + $eu * WG;
         let r = i / (4u * KB);
         let j = i % (4u * KB);
         wq[buf][2u * j * RV + r / 4u][r % 4u] = t.w$e.q.x;
@@ -148,7 +160,7 @@ fn store_tile(li: u32, buf: u32, t: Tile) {
 #end
 #unroll XL e
     {
-        let i = li + $eu * 256u;
+        let i = li + $eu * WG;
         if (i < 2u * KB * BN) {
             let tok = i / (2u * KB);
             let k4 = (i % (2u * KB)) * 4u;
@@ -185,7 +197,7 @@ fn i4(a: u32, b: vec4<u32>) -> vec4<i32> {
     return vec4<i32>(dot4I8Packed(a, b.x), dot4I8Packed(a, b.y), dot4I8Packed(a, b.z), dot4I8Packed(a, b.w));
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
 #if EXPERTS
     let tile = tiles[wid.y];
@@ -201,9 +213,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (t_base >= m) { return; }
 #endif
     let r_base = wid.x * BM;
-    let tr = li % 16u;
-    let tc = li / 16u;
-    let steps = p.k / (32u * KB);
+    let tr = li % RL;
+    let tc = li / RL;
+    // this workgroup's K steps: all, or its slice's
+    slice = wid.z;
+    let steps = p.k / (32u * KB * SPLIT);
+    let step0 = slice * steps;
 #unroll RG g
 #unroll 4 c
 #unroll TV h
@@ -211,26 +226,26 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
 #end
 #end
-    store_tile(li, 0u, load_tile(li, 0u, r_base, t_base, m));
+    store_tile(li, 0u, load_tile(li, step0, r_base, t_base, m));
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let buf = step & 1u;
         // the next step's loads (the last step reloads its own, unused)
-        let next = load_tile(li, min(step + 1u, steps - 1u), r_base, t_base, m);
+        let next = load_tile(li, step0 + min(step + 1u, steps - 1u), r_base, t_base, m);
         for (var g = 0u; g < NS; g += GS) {
 #unroll RG r
-            let d$r = wd[buf][g * RV + tr + $ru * 16u];
+            let d$r = wd[buf][g * RV + tr + $ru * RL];
 #if MINS
-            let o$r = wm[buf][g * RV + tr + $ru * 16u];
+            let o$r = wm[buf][g * RV + tr + $ru * RL];
 #endif
 #end
 #unroll TV h
-            let xd$h = td[buf][g * TW + tc + $hu * 16u];
+            let xd$h = td[buf][g * TW + tc + $hu * TL];
 #if MINS
 #if RUN32
-            let xs$h = ts[buf][g * TW + tc + $hu * 16u] + ts[buf][(g + 1u) * TW + tc + $hu * 16u];
+            let xs$h = ts[buf][g * TW + tc + $hu * TL] + ts[buf][(g + 1u) * TW + tc + $hu * TL];
 #else
-            let xs$h = ts[buf][g * TW + tc + $hu * 16u];
+            let xs$h = ts[buf][g * TW + tc + $hu * TL];
 #endif
 #endif
 #end
@@ -239,12 +254,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll RG r
             {
 #unroll 8 k
-                let w$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * 16u];
+                let w$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * RL];
 #end
 #unroll TV h
                 {
 #unroll 8 k
-                    let x$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * 16u];
+                    let x$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * TL];
 #end
 #unroll 4 c
                     let s$c = i2f(SUM0 + i4(w0[$c], x0) + i4(w1[$c], x1) + i4(w2[$c], x2) + i4(w3[$c], x3)
@@ -262,10 +277,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             // a run's 4 words of every row and token at once
 #unroll 4 k
 #unroll RG r
-            let w$r_$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * 16u];
+            let w$r_$k = wq[buf][(g * GW + $ku) * RV + tr + $ru * RL];
 #end
 #unroll TV h
-            let x$h_$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * 16u];
+            let x$h_$k = tq[buf][(g * GW + $ku) * TW + tc + $hu * TL];
 #end
 #end
 #unroll RG r
@@ -289,8 +304,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #unroll 4 c
 #unroll TV h
     {
-        let row = r_base + (tr + $gu * 16u) * 4u + $cu;
-        let t = t_base + (tc + $hu * 16u) * 4u;
+        let row = r_base + (tr + $gu * RL) * 4u + $cu;
+        let t = t_base + (tc + $hu * TL) * 4u;
         if (row < p.rows) {
             if (t < m) { put(t, row, a$g$c$h.x); }
             if (t + 1u < m) { put(t + 1u, row, a$g$c$h.y); }

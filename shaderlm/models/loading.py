@@ -279,7 +279,7 @@ def load(opened: OpenedModel, options: Options, *, ctx=None, batch=None, progres
     net = opened.arch(dev, opened.source, opened.args, ctx=ctx, batch=batch, progress=progress, fuse=options.fuse,
                       int8_act=options.int8_act, x24=options.x24, attention_shape=options.attention_shape,
                       exact_prefill=options.exact_prefill, q8_tile=options.q8_tile,
-                      batch_tokens=options.batch_tokens)
+                      batch_tokens=options.batch_tokens, gemm_rows=options.gemm_rows)
     if tune:
         net.tune(options.cache_dir, log=log or (lambda m: print(f"shaderlm: {m}", file=sys.stderr)))
     return net

@@ -6,8 +6,12 @@ of its pages, so short and long sequences share the memory, and sequences with a
 share its pages. A decode step advances every row of a batch, each row a token of its own sequence at
 its own position: the GEMVs read each weight once for the batch (kernels/gemv.py), attention reads
 each row's own pages, and the sampler draws each row's token with its sequence's own settings and
-seed, writing it where that sequence's next step reads it. Every token's arithmetic is the same as
-when its sequence runs alone, so greedy tokens do not depend on the batch.
+seed, writing it where that sequence's next step reads it. Below `gemm_rows` rows every token's
+arithmetic is the same as when its sequence runs alone, so greedy tokens do not depend on the batch.
+From `gemm_rows` rows on, the matmuls are the prompt GEMMs over the batch's rows (int8 x, K split in
+slices fixed by the matrix, kernels/gemm.py): a token's arithmetic is again the same in every such
+batch, but not the decode GEMVs' (other rounding of x), so a near-tie may flip when a sequence's
+batch crosses that size.
 
 Positions a slot may hold are `seq_ctx`; the host (the scheduler) allocates pages and writes the
 tables, and keeps each slot's position: a slot's position on the GPU moves one token a step.
@@ -27,6 +31,9 @@ from .transformer import PREFILL_TT, Build, Transformer
 
 NONE = 0xFFFFFFFF                # a padding row of a batch
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
+# batches of this many rows or more take the prompt GEMMs (each weight tile read once for all rows, int8
+# dots) instead of the decode GEMVs (each row's own int8 conversion and dots)
+GEMM_ROWS = 24
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
@@ -46,11 +53,17 @@ def bucket(n: int) -> int:
 
 class Serving:
     def __init__(self, net: Transformer, *, slots: int, seq_ctx: int, pages: int | None = None, page: int = 16,
-                 steps_ahead: int = 16, tokens_per_submit: int = 8, in_flight: int = 2):
+                 steps_ahead: int = 16, tokens_per_submit: int = 8, in_flight: int = 2, gemm_rows: int | None = None):
         """`slots` sequences at once, each up to `seq_ctx` positions; `pages` in the pool (default:
         room for every slot to be full). `steps_ahead`: decode steps a slot may run past its last
-        wanted token (queued batches after a stop), whose positions need pages too."""
+        wanted token (queued batches after a stop), whose positions need pages too. `gemm_rows`: steps
+        of this many rows or more take the prompt GEMMs (default the model's option, else GEMM_ROWS
+        where prompts take the int8 GEMM; 0: never, nor with experts: their batches keep the GEMVs)."""
         a, dev = net.args, net.dev
+        for rows in (gemm_rows, net.gemm_rows, GEMM_ROWS if net.int8_prefill else 0):
+            if rows is not None:
+                break
+        self.gemm_rows = 0 if a.n_experts else rows
         if slots > BUCKETS[-1]:
             raise ShaderLMError(f"--parallel {slots} is over the largest batch, {BUCKETS[-1]}")
         if bucket(slots) > net.batch:
@@ -102,7 +115,8 @@ class Serving:
 
     def _build(self, tt: int, state, tiled=True, batch=0) -> Build:
         return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,
-                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=self._paging(batch > 0))
+                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=self._paging(batch > 0),
+                     gemm=0 < self.gemm_rows <= batch)
 
     def _build_prefill(self):
         """Prefill always takes the tiled GEMM, whose result for a token does not depend on the other
@@ -139,7 +153,10 @@ class Serving:
                                                         f"batch state {rows}")
                 sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True),
                                      batch=rows)
-                dispatches = net.body(self._build(1, state, batch=rows)) + net.head_ops(1, decode=net.fuse) + [sampler]
+                build = self._build(1, state, batch=rows)
+                body = net.body(build)
+                head = net.head_ops(rows) if build.gemm else net.head_ops(1, decode=net.fuse)
+                dispatches = body + head + [sampler]
             plan = self._decode[rows, logprobs] = Plan(self.dev, dispatches, f"serving decode x{rows}"
                                                        + " +logprobs" * logprobs)
         return plan

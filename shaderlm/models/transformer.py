@@ -44,6 +44,7 @@ class Build:
     logit_stride: int
     tiled: bool = True              # prefill: the tiled GEMM (else matmul.wgsl's few-token passes)
     batch: int = 0                  # a serving step: its rows, each a token of its own sequence
+    gemm: bool = False              # a serving step whose matmuls are the prompt GEMMs over its rows
     paging: ops.Paging | None = None   # a paged KV cache (serving)
 
 
@@ -63,7 +64,8 @@ class Transformer:
 
     def __init__(self, dev, source, args: ModelArgs, *, ctx: int | None = None, batch: int | None = None,
                  progress=None, fuse: bool | None = None, int8_act: bool | None = None, x24: bool = True,
-                 attention_shape=None, batch_tokens: int | None = None, exact_prefill: bool | None = None, q8_tile=None):
+                 attention_shape=None, batch_tokens: int | None = None, exact_prefill: bool | None = None, q8_tile=None,
+                 gemm_rows: int | None = None):
         self.dev = dev
         self.source = source
         self.args = args
@@ -81,6 +83,7 @@ class Transformer:
         # a batched decode GEMV's tokens a workgroup, at most: sharing a weight load pays with int8 x, whose
         # digits are few registers, and loses with 24-bit x (docs/performance.md)
         self.batch_tokens = batch_tokens or (2 if self.int8_act else 1)
+        self.gemm_rows = gemm_rows          # serving steps taking the prompt GEMMs (models/serving.py)
         self.weight_bytes = 0
         self._sampling = None
         self._staging: list = []
@@ -346,16 +349,17 @@ class Transformer:
         folds the norms into the matmuls, RoPE and the KV store into attention and the activation
         into the gate/up matmul: 5 dispatches a layer when Q/K/V and gate/up each share a type."""
         a, L = self.args, self.layers[i]
-        decode = tt == 1 and self.fuse
+        step = tt == 1 and self.fuse                # the decode step's attention (RoPE and the KV store in it)
+        decode = step and not self.b.gemm           # the decode GEMVs, with the norms and activation in them
         moe = L.experts_gate_up is not None
         ffn_fused = decode and (moe or len(L.gate_up) == 1 and len(L.gate_up[0].chunks) == 1)
         out = []
         src, norm = self.norm_input(i, "attn", decode, out)
         out += self.qkv_projection(i, tt, src, norm, decode)
-        if L.q_norm is not None and not ops.fused_head_norm(self.dev, decode):
+        if L.q_norm is not None and not ops.fused_head_norm(self.dev, step):
             out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.b.state, n_heads=a.n_heads,
                                      n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
-        out += self.attention_ops(i, decode)
+        out += self.attention_ops(i, step)
         out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm)
         src, norm = self.norm_input(i, "ffn", ffn_fused, out)
         if moe:
@@ -391,6 +395,9 @@ class Transformer:
     def matmul(self, w, x, y, **kw) -> list:
         """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
         b = self.b
+        if b.gemm:                                  # the batch's rows as a prompt's tokens
+            return ops.matmul(self.dev, w, x, y, b.state, **{**kw, "tt": b.batch}, int8=self.int8_prefill,
+                              q8_tile=self.q8_tile, max_tokens=b.batch, split=True)
         kw.setdefault("tt", b.tt)
         return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, int8=self.int8_prefill, q8_tile=self.q8_tile,
                           max_tokens=self.batch, batch=b.batch, nt_max=self.batch_tokens, **kw)
