@@ -99,15 +99,16 @@ def _xbufs(w, xbufs: tuple) -> tuple:
 
 
 SPLIT_GROUPS = 512
+MIN_SLICE = 512                     # elements of K a slice at least
 PARTIALS = 2 * 64 * SPLIT_GROUPS    # partial sums a token of a split GEMM holds at most (rows x slices)
 
 
 def k_slices(rows: int, cols: int) -> int:
-    """How many slices of K a few-token GEMM of this matrix splits into (each 512 elements or more, a
-    multiple of 64): enough for SPLIT_GROUPS workgroups of 64 rows. A function of the matrix alone, so
+    """How many slices of K a few-token GEMM of this matrix splits into (each MIN_SLICE elements or more,
+    a multiple of 64): enough for SPLIT_GROUPS workgroups of 64 rows. A function of the matrix alone, so
     that a token's sums are added in the same order in every batch."""
     s = 1
-    while cdiv(rows, 64) * s < SPLIT_GROUPS and cols % (128 * s) == 0 and cols // (2 * s) >= 512:
+    while cdiv(rows, 64) * s < SPLIT_GROUPS and cols % (128 * s) == 0 and cols // (2 * s) >= MIN_SLICE:
         s *= 2
     return s
 
