@@ -219,6 +219,16 @@ def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
         check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
 
 
+def test_k_slices_fit_the_partials_scratch():
+    """Split GEMMs share one scratch buffer of gemm.PARTIALS sums a token: every matrix's slices fit it,
+    and each slice is whole K steps of 64 and at least gemm.MIN_SLICE long."""
+    for rows in (1, 64, 77, 1024, 4096, 5120, 14336, 28672, 128256):
+        for cols in (576, 1024, 2048, 4096, 8192, 14336):
+            s = gemm.k_slices(rows, cols)
+            assert rows * s <= gemm.PARTIALS or s == 1, (rows, cols, s)
+            assert s == 1 or (cols % (64 * s) == 0 and cols // s >= gemm.MIN_SLICE), (rows, cols, s)
+
+
 def test_q8_tile_fits_the_adapter_and_k(dev):
     """The tile picked for a matrix fits the adapter's workgroup memory and steps through K whole."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
