@@ -29,18 +29,19 @@ def load(path=None, *, device=None, ctx=None, batch=None, tokens_per_submit=8, p
 
 def serve_engine(path=None, *, device=None, ctx=4096, parallel=8, kv_pages=None, queue_size=64, tokens_per_submit=8,
                  progress=True, quantize=None, tune=None, int8_act=None, exact_prefill=None, cache_dir=None,
-                 options=None, log=None):
+                 gemm_rows=None, options=None, log=None):
     """A serving engine for many prompts at once (continuous batching over a paged KV cache): submit
     shaderlm.engine.requests.Request objects, iterate each returned stream's events (or `async for`),
     or engine.generate([...]) for whole texts. `shaderlm serve` runs one behind an HTTP server.
     parallel: sequences decoded together; ctx: tokens each may hold (prompt and completion);
-    kv_pages: KV-cache pages of 16 tokens (default: room for every sequence to be full); the rest as
-    load(). close() it when done."""
+    kv_pages: KV-cache pages of 16 tokens (default: room for every sequence to be full); gemm_rows: steps
+    of this many sequences or more run the prompt GEMMs (default 24 on GPUs; 0: never, so that a
+    sequence's tokens never depend on its batch); the rest as load(). close() it when done."""
     from .engine.scheduler import Engine
     from .options import Options
     if isinstance(tune, bool):
         tune = "1" if tune else "0"
     opts = (options or Options.from_env()).replace(device=device, tune=tune, int8_act=int8_act, cache_dir=cache_dir,
-                                                      exact_prefill=exact_prefill)
+                                                      exact_prefill=exact_prefill, gemm_rows=gemm_rows)
     return Engine(path, options=opts, parallel=parallel, ctx=ctx, kv_pages=kv_pages, queue_size=queue_size,
                   tokens_per_submit=tokens_per_submit, progress=progress, quantize=quantize, log=log)

@@ -167,7 +167,7 @@ def cmd_serve(args):
     from .server import serve
     engine = shaderlm.serve_engine(args.model, device=args.device, ctx=args.ctx or 4096, parallel=args.parallel,
                                    kv_pages=args.kv_pages, queue_size=args.queue, int8_act=args.int8_act,
-                                   exact_prefill=args.exact_prefill,
+                                   exact_prefill=args.exact_prefill, gemm_rows=_gemm_rows(args),
                                    quantize=args.quantize, log=lambda m: print(f"shaderlm: {m}", file=sys.stderr))
     print(f"shaderlm: serving {engine.model_name} on http://{args.host}:{args.port} (OpenAI API under /v1, "
           f"a chat page at /)", file=sys.stderr)
@@ -175,6 +175,11 @@ def cmd_serve(args):
         serve(engine, host=args.host, port=args.port, log_level=args.log_level)
     finally:
         engine.close()
+
+
+def _gemm_rows(args):
+    """--batch-invariant: every step on the single-stream kernels (serve_engine's gemm_rows 0)."""
+    return 0 if args.batch_invariant else None
 
 
 def _serve_replicas(args):
@@ -191,7 +196,7 @@ def _serve_replicas(args):
                    replicas_per_host=args.replicas_per_host, ray_address=args.ray_address,
                    parallel=args.parallel, queue_size=args.queue, ctx=args.ctx or 4096, kv_pages=args.kv_pages,
                    int8_act=args.int8_act, exact_prefill=args.exact_prefill, quantize=args.quantize,
-                   access_log=args.log_level in ("info", "debug"))
+                   gemm_rows=_gemm_rows(args), access_log=args.log_level in ("info", "debug"))
 
 
 def cmd_info(args):
@@ -311,6 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--kv-pages", type=_int_at_least(1), default=None,
                    help="KV-cache pages of 16 tokens (default: room for every sequence to be full)")
     p.add_argument("--queue", type=_int_at_least(0), default=64, help="requests that may wait (then 429)")
+    p.add_argument("--batch-invariant", action="store_true",
+                   help="keep every step on the single-stream kernels, so that a greedy reply never depends on "
+                        "the other sequences (by default, steps of 24 or more run the prompt GEMMs: faster, "
+                        "other rounding)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = p.add_argument_group("replicas on Ray Serve (pip install 'shaderlm[ray]')")
     g.add_argument("--replicas", type=_int_at_least(1), default=None,

@@ -61,6 +61,20 @@ def test_precision_flags_reach_the_model(tiny_gguf, monkeypatch, capsys, flags, 
     assert [(kw["int8_act"], kw["exact_prefill"]) for kw in seen] == [want]
 
 
+@pytest.mark.parametrize("flags,want", [([], None), (["--batch-invariant"], 0)])
+def test_batch_invariant_reaches_the_engine(tiny_gguf, monkeypatch, flags, want):
+    """serve --batch-invariant asks the engine for no GEMM steps (gemm_rows 0); without it, the default."""
+    import shaderlm
+    seen = []
+
+    def fake(*a, **kw):
+        seen.append(kw)
+        raise KeyboardInterrupt                  # stop before serving: main ends quietly on it
+    monkeypatch.setattr(shaderlm, "serve_engine", fake)
+    main(["serve", "-m", tiny_gguf, *flags])
+    assert [kw["gemm_rows"] for kw in seen] == [want]
+
+
 def test_info(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
