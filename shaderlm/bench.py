@@ -52,10 +52,11 @@ def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], li
     return out, cpu
 
 
-def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> list[float]:
+def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> tuple[list[float], bool]:
     """Aggregate decode tok/s of `batch` sequences at once (llama-batched-bench's S_TG): each with a
-    prompt of `prompt` tokens (prefilled first, not timed), then `gen` batched steps of every sequence."""
-    from .models.serving import Serving
+    prompt of `prompt` tokens (prefilled first, not timed), then `gen` batched steps of every sequence.
+    Also whether the steps ran on the prompt GEMMs (models/serving.py)."""
+    from .models.serving import Serving, bucket
     k = 8
     sv = Serving(model.net, slots=batch, seq_ctx=prompt + gen + 2 * k + 2, tokens_per_submit=k)
     for s in range(batch):
@@ -80,7 +81,7 @@ def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> list[flo
         dt = time.perf_counter() - t0
         if r:                                   # the first run builds the plan and warms the GPU
             out.append(batch * gen / dt)
-    return out
+    return out, sv.on_gemms(bucket(batch))
 
 
 def run(args):
@@ -126,9 +127,9 @@ def run(args):
                     continue
                 if batches:
                     for b in batches:
-                        tps = bench_batch(model, b, max(args.p[0], 1), n, args.r)
-                        rows.append(_row(name, size, quant, f"pp{args.p[0]}+tg{n} x{b}", tps, 0, peak, batch=b,
-                                         **extra))
+                        tps, gemms = bench_batch(model, b, max(args.p[0], 1), n, args.r)
+                        rows.append(_row(name, size, quant, f"pp{args.p[0]}+tg{n} x{b}" + " gemm" * gemms, tps, 0,
+                                         peak, batch=b, **extra))
                     continue
                 tps, cpu = bench_gen(model, n, args.r, d)
                 rows.append(_row(name, size, quant, f"tg{n}{at}", tps, model.net.decode_bytes(), peak,

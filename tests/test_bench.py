@@ -41,6 +41,17 @@ def test_bench_depth(tiny_gguf, capsys):
     assert "do not fit" in capsys.readouterr().err
 
 
+def test_bench_batches(tiny_gguf, capsys, monkeypatch):
+    """-B: aggregate decode of several sequences at once, a row a batch size; rows whose steps ran on
+    the prompt GEMMs (SHADERLM_GEMM_ROWS) say so."""
+    monkeypatch.setenv("SHADERLM_GEMM_ROWS", "3")
+    monkeypatch.setenv("SHADERLM_EXACT_PREFILL", "0")
+    assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "3", "-B", "1,3", "-r", "1", "--json"]) == 0
+    rows = {r["test"]: r for r in json.loads(capsys.readouterr().out)["results"]}
+    assert set(rows) == {"pp4+tg3 x1", "pp4+tg3 x3 gemm"}
+    assert all(r["tps"] > 0 and len(r["runs"]) == 1 for r in rows.values())
+
+
 def test_bench_peak_and_table(tiny_gguf, capsys):
     assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "2", "-r", "1", "--peak"]) == 0
     out = capsys.readouterr().out
