@@ -17,7 +17,7 @@ from .grid import cdiv
 Q8_TILES = ((8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
 # for a few tokens (a decode batch's rows): tiles of 16, 32 or 64 tokens, a token's threads few, so that
 # small matrices still make many workgroups
-Q8_FEW_TILES = ((4, 1, 2, 4, 64), (4, 1, 2, 8, 128), (4, 1, 2, 16, 128), (8, 1, 2, 8, 128), (8, 1, 2, 16, 256))
+Q8_FEW_TILES = ((4, 1, 2, 4, 64), (4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
 MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
 
 
