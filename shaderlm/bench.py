@@ -56,7 +56,7 @@ def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> tuple[li
     """Aggregate decode tok/s of `batch` sequences at once (llama-batched-bench's S_TG): each with a
     prompt of `prompt` tokens (prefilled first, not timed), then `gen` batched steps of every sequence.
     Also whether the steps ran on the prompt GEMMs (models/serving.py)."""
-    from .models.serving import Serving, bucket
+    from .models.serving import Serving
     k = 8
     sv = Serving(model.net, slots=batch, seq_ctx=prompt + gen + 2 * k + 2, tokens_per_submit=k)
     for s in range(batch):
@@ -81,7 +81,7 @@ def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> tuple[li
         dt = time.perf_counter() - t0
         if r:                                   # the first run builds the plan and warms the GPU
             out.append(batch * gen / dt)
-    return out, sv.on_gemms(bucket(batch))
+    return out, sv.on_gemms(batch)
 
 
 def run(args):

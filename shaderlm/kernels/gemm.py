@@ -165,18 +165,18 @@ def expert_matmul_q8(dev, w, experts: int, x, y, st, groups: tuple, *, slots: in
     rows a thread (default q8_tile's, for the tiles' TV)."""
     tiles, order, tv = groups
     rows_e = w.rows // experts
-    bn = 64 * tv
     # K steps of 32: 64 lost on the experts' GEMMs (docs/performance.md)
     tm = tm or q8_tile(dev, rows_e, w.cols, cdiv(max_tokens * slots, experts), tiles=((8, tv, 1), (4, tv, 1)))[0]
     xrows = max_tokens * (slots if per_pair_x else 1)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=xrows, from_state_row=False, run=w.qtype.iq8_run,
                              rows_per_token=slots if per_pair_x else 1)
     c = w.chunks[0]
+    d = q8_defines(tm, tv)
     pipe = pipeline(dev, "matmul_q8", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=False, EXPERTS=True,
-                    XDIV=1 if per_pair_x else slots, SPLIT=1, **q8_defines(tm, tv))
+                    XDIV=1 if per_pair_x else slots, SPLIT=1, **d)
     params = dev.uniform(w.cols, rows_e, 0, c.dbase, y_stride, 0, 0, 0)
     res = [params, None, c.buffer, *_xbufs(w, xbufs), y, bias, tiles, order]   # tokens from the tiles, not st
-    gx = cdiv(rows_e, 16 * tm)
+    gx, bn = cdiv(rows_e, d["BM"]), d["BN"]
     grid = lambda n: (gx, cdiv(n * slots, bn) + min(experts, n * slots))      # noqa: E731  (tiles: moe_tiles.wgsl)
     return out + [Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul_q8.{w.qtype.name}.experts",
                            bytes=c.buffer.size)]

@@ -113,14 +113,14 @@ class Serving:
         return ops.Paging(self.pages, self.page, self.max_pages, rows=self.rows if batched else None,
                           seq_pos=self.seq_pos, hist=self.hist)
 
-    def on_gemms(self, rows: int) -> bool:
-        """Whether a decode step of `rows` rows (a bucket size) runs the prompt GEMMs."""
-        return 0 < self.gemm_rows <= rows
+    def on_gemms(self, n: int) -> bool:
+        """Whether a decode step of n sequences (run at bucket(n) rows) runs the prompt GEMMs."""
+        return n > 0 and 0 < self.gemm_rows <= bucket(n)
 
     def _build(self, tt: int, state, tiled=True, batch=0) -> Build:
         return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,
                      logit_stride=self.v4, tiled=tiled, batch=batch, paging=self._paging(batch > 0),
-                     gemm=batch > 0 and self.on_gemms(batch))
+                     gemm=self.on_gemms(batch))
 
     def _build_prefill(self):
         """Prefill always takes the tiled GEMM, whose result for a token does not depend on the other
