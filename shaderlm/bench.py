@@ -55,7 +55,7 @@ def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], li
 def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> tuple[list[float], bool]:
     """Aggregate decode tok/s of `batch` sequences at once (llama-batched-bench's S_TG): each with a
     prompt of `prompt` tokens (prefilled first, not timed), then `gen` batched steps of every sequence.
-    Also whether the steps ran on the prompt GEMMs (models/serving.py)."""
+    Also whether the steps ran on the int8 batch matmuls (models/serving.py)."""
     from .models.serving import Serving
     k = 8
     sv = Serving(model.net, slots=batch, seq_ctx=prompt + gen + 2 * k + 2, tokens_per_submit=k)

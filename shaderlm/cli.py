@@ -318,8 +318,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--queue", type=_int_at_least(0), default=64, help="requests that may wait (then 429)")
     p.add_argument("--batch-invariant", action="store_true",
                    help="keep every step on the single-stream kernels, so that a greedy reply never depends on "
-                        "the other sequences (by default, steps of 17 sequences or more, run at 24 rows, take the "
-                        "prompt GEMMs: faster, other rounding)")
+                        "the other sequences (by default, steps of 7 sequences or more, run at 8 rows or more, take "
+                        "int8 matmuls over all rows: faster, other rounding)")
     p.add_argument("--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"])
     g = p.add_argument_group("replicas on Ray Serve (pip install 'shaderlm[ray]')")
     g.add_argument("--replicas", type=_int_at_least(1), default=None,

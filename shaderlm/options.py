@@ -50,7 +50,7 @@ class Options:
     batch_tokens: int | None = None     # tokens a workgroup of a batched decode GEMV computes at most;
                                         # None: what suits the activations (2 for int8, 1 for 24-bit)
     q8_tile: tuple | None = None        # the int8 prefill GEMM's tile override
-    gemm_rows: int | None = None        # serving steps of this many rows or more take the prompt GEMMs
+    gemm_rows: int | None = None        # serving steps of this many rows or more take the int8 batch matmuls
                                         # (0: never); None: models/serving.py's default
 
     def replace(self, **changes) -> "Options":

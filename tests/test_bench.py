@@ -43,7 +43,7 @@ def test_bench_depth(tiny_gguf, capsys):
 
 def test_bench_batches(tiny_gguf, capsys, monkeypatch):
     """-B: aggregate decode of several sequences at once, a row a batch size; rows whose steps ran on
-    the prompt GEMMs (SHADERLM_GEMM_ROWS) say so."""
+    the int8 batch GEMMs (SHADERLM_GEMM_ROWS) say so."""
     monkeypatch.setenv("SHADERLM_GEMM_ROWS", "3")
     monkeypatch.setenv("SHADERLM_EXACT_PREFILL", "0")
     assert main(["bench", "-m", tiny_gguf, "-p", "4", "-n", "3", "-B", "1,3", "-r", "1", "--json"]) == 0

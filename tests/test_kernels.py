@@ -131,7 +131,7 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
                  first=None, max_binding=None, seed=0, n_chunks=None, tiled=True, int8=False, scale=1.0,
                  q8_tile=None, split=False):
     """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows; with `int8`,
-    the reference takes x as the int8 GEMM rounds it (q8_rounded)."""
+    the reference takes x as the int8 GEMM rounds it (q8_rounded). Returns the dispatches' labels."""
     rng = np.random.default_rng(seed)
     raw, W = make_weight(qtype, rows, K, rng)
     if max_binding == "small":
@@ -173,6 +173,7 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     outside[sl] = False
     assert np.array_equal(got.view(np.uint32)[outside], y0.view(np.uint32)[outside]), \
         f"{what}: wrote outside y[0:{m}, {row0}:{row0 + rows}]"
+    return [d.label for d in ds]
 
 
 def q8_rounded(x, run=16):
@@ -209,14 +210,46 @@ def test_matmul_int8_tiles(dev, tile):
     check_matmul(dev, "Q4_1", 77, 96, 67, 67, seed=tile[1], int8=True, q8_tile=tile)
 
 
-@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 20, None), ("Q6_K", 77, 1024, 5, 2),
+@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 20, None), ("Q6_K", 77, 1024, 19, 2),
                                                    ("Q8_0", 130, 1536, 64, None)])
 def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
-    """The few-token GEMM with K in slices and their partial sums added by a second dispatch, with
-    the epilogue (bias, accumulate, a row offset) and rows from the state's first row."""
+    """A decode batch of more than gemm.FEW_TOKENS rows: the GEMM with K in slices and their partial sums
+    added by a second dispatch, with the epilogue (bias, accumulate, a row offset) and rows from the
+    state's first row."""
     assert gemm.k_slices(rows, K) > 1
     for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5)):
-        check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+        assert "matmul_split" in labels
+
+
+@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 16, None), ("Q6_K", 77, 1024, 5, 2),
+                                                   ("Q8_0", 37, 1536, 2, None), ("Q4_1", 70, 96, 12, None),
+                                                   ("Q5_K", 33, 512, 8, 3)])
+def test_matmul_few(dev, qtype, rows, K, n, first):
+    """A decode batch of gemm.FEW_TOKENS rows or fewer: matmul_few (a run decoded once for every token),
+    runs of 32 and of 16, K shorter than the lanes' stride, the epilogue, rows from the state's first
+    row, and a weight in several bindings."""
+    for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5), dict(max_binding="small")):
+        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+        assert any(x.startswith("matmul_few") for x in labels) and "matmul_split" not in labels, labels
+
+
+@pytest.mark.parametrize("qtype,small,large", [("Q4_K", 3, 16), ("Q6_K", 8, 12), ("Q4_0", 17, 40)])
+def test_batch_gemms_do_not_depend_on_the_batch(dev, qtype, small, large):
+    """A decode batch's int8 GEMM (matmul_few up to gemm.FEW_TOKENS rows, the split GEMM beyond) gives a
+    token the same bits whatever the batch's size and its other rows, as long as both are on one kernel."""
+    rng = np.random.default_rng(7)
+    rows, K = 90, 1024
+    raw, _ = make_weight(qtype, rows, K, rng)
+    w = upload(dev, qtype, raw, rows, K)
+    x = rng.standard_normal((large, K)).astype(np.float32)
+    out = []
+    for n, xs in ((small, x[:small]), (large, x)):
+        xb, yb = dev.upload(xs), dev.buffer(4 * n * rows)
+        ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, split=True)
+        run(dev, ds, n)
+        out.append(read_f32(dev, yb, (n, rows)))
+    assert np.array_equal(out[0].view(np.uint32), out[1][:small].view(np.uint32))
 
 
 def test_k_slices_fit_the_partials_scratch():

@@ -5,6 +5,8 @@ a workgroup, each weight tile decoded once into workgroup memory.
   int8 (matmul_q8.wgsl): x rounded to int8 per 32 (or 16) elements first (quantize_q8.wgsl), weights
       as their integer quants, dot4I8Packed in i32 and scales applied per block in f32: several times
       the arithmetic rate, at the cost of x's rounding (as llama.cpp's MMQ kernels).
+  int8 for a decode batch's few rows (matmul_few.wgsl): the same integer dots and folds with no tiles,
+      each weight run decoded once in registers for every row.
 """
 from __future__ import annotations
 
@@ -113,11 +115,37 @@ def k_slices(rows: int, cols: int) -> int:
     return s
 
 
+FEW_TOKENS = 16                     # split GEMMs of this many tokens or fewer run matmul_few instead
+FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
+FEW_ROWS, FEW_THREADS = 2, 64       # rows a thread, threads a workgroup
+
+
+def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row) -> list[Dispatch]:
+    """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
+    once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
+    for every max_tokens (FEW_LANES is fixed)."""
+    out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
+                             run=w.qtype.iq8_run)
+    bm = FEW_THREADS // FEW_LANES * FEW_ROWS
+    pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
+                    NB=max_tokens, R=FEW_ROWS, L=FEW_LANES, WG=FEW_THREADS, PART=bm * max_tokens * FEW_LANES)
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
+        res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), (cdiv(c.rows, bm), 1, 1),
+                            label=f"matmul_few.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
               tile=None, split: bool = False) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
-    choice (KB 1 where K is not a multiple of 32 KB). `split`: K in k_slices' slices (for a few tokens,
-    whose tiles alone leave the GPU idle), their partial sums added in order by a second dispatch."""
+    choice (KB 1 where K is not a multiple of 32 KB). `split` (a decode batch's rows): up to FEW_TOKENS
+    tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
+    partial sums added in order by a second dispatch."""
+    if split and max_tokens <= FEW_TOKENS:
+        return matmul_few(dev, w, x, y, st, max_tokens=max_tokens, y_stride=y_stride, row0=row0,
+                          accumulate=accumulate, bias=bias, from_state_row=from_state_row)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run)
     for c in w.chunks:

@@ -8,10 +8,11 @@ its own position: the GEMVs read each weight once for the batch (kernels/gemv.py
 each row's own pages, and the sampler draws each row's token with its sequence's own settings and
 seed, writing it where that sequence's next step reads it. Below `gemm_rows` rows every token's
 arithmetic is the same as when its sequence runs alone, so greedy tokens do not depend on the batch.
-From `gemm_rows` rows on, the matmuls are the prompt GEMMs over the batch's rows (int8 x, K split in
-slices fixed by the matrix, kernels/gemm.py): a token's arithmetic is again the same in every such
-batch, but not the decode GEMVs' (other rounding of x), so a near-tie may flip when a sequence's
-batch crosses that size.
+From `gemm_rows` rows on, the matmuls take int8 x over the batch's rows (kernels/gemm.py): matmul_few
+up to FEW_TOKENS rows (each weight run decoded once for every row), the prompt GEMM beyond (K split in
+slices fixed by the matrix). Within each of the two a token's arithmetic is the same in every batch, but
+not the decode GEMVs' nor the other's (other rounding of x, other order of sums), so a near-tie may flip
+when a sequence's batch crosses one of those sizes.
 
 Positions a slot may hold are `seq_ctx`; the host (the scheduler) allocates pages and writes the
 tables, and keeps each slot's position: a slot's position on the GPU moves one token a step.
@@ -31,9 +32,9 @@ from .transformer import PREFILL_TT, Build, Transformer
 
 NONE = 0xFFFFFFFF                # a padding row of a batch
 BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
-# batches of this many rows or more take the prompt GEMMs (each weight tile read once for all rows, int8
-# dots) instead of the decode GEMVs (each row's own int8 conversion and dots)
-GEMM_ROWS = 24
+# batches of this many rows or more take the int8 batch matmuls (each weight read and decoded once for all
+# rows) instead of the decode GEMVs (each row's own int8 conversion and dots, weights re-read through L2)
+GEMM_ROWS = 8
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
@@ -57,7 +58,7 @@ class Serving:
         """`slots` sequences at once, each up to `seq_ctx` positions; `pages` in the pool (default:
         room for every slot to be full). `steps_ahead`: decode steps a slot may run past its last
         wanted token (queued batches after a stop), whose positions need pages too. `gemm_rows`: steps
-        of this many rows or more take the prompt GEMMs (default the model's option, else GEMM_ROWS
+        of this many rows or more take the int8 batch matmuls (default the model's option, else GEMM_ROWS
         where prompts take the int8 GEMM; 0: never, nor with experts: their batches keep the GEMVs)."""
         a, dev = net.args, net.dev
         for rows in (gemm_rows, net.gemm_rows, GEMM_ROWS if net.int8_prefill else 0):
@@ -114,7 +115,7 @@ class Serving:
                           seq_pos=self.seq_pos, hist=self.hist)
 
     def on_gemms(self, n: int) -> bool:
-        """Whether a decode step of n sequences (run at bucket(n) rows) runs the prompt GEMMs."""
+        """Whether a decode step of n sequences (run at bucket(n) rows) runs the int8 batch matmuls."""
         return n > 0 and 0 < self.gemm_rows <= bucket(n)
 
     def _build(self, tt: int, state, tiled=True, batch=0) -> Build:

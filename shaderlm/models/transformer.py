@@ -44,7 +44,7 @@ class Build:
     logit_stride: int
     tiled: bool = True              # prefill: the tiled GEMM (else matmul.wgsl's few-token passes)
     batch: int = 0                  # a serving step: its rows, each a token of its own sequence
-    gemm: bool = False              # a serving step whose matmuls are the prompt GEMMs over its rows
+    gemm: bool = False              # a serving step whose matmuls are int8 GEMMs over its rows (gemm.py)
     paging: ops.Paging | None = None   # a paged KV cache (serving)
 
 
@@ -83,7 +83,7 @@ class Transformer:
         # a batched decode GEMV's tokens a workgroup, at most: sharing a weight load pays with int8 x, whose
         # digits are few registers, and loses with 24-bit x (docs/performance.md)
         self.batch_tokens = batch_tokens or (2 if self.int8_act else 1)
-        self.gemm_rows = gemm_rows          # serving steps taking the prompt GEMMs (models/serving.py)
+        self.gemm_rows = gemm_rows          # serving steps taking the int8 GEMMs (models/serving.py)
         self.weight_bytes = 0
         self._sampling = None
         self._staging: list = []

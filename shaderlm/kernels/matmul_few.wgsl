@@ -1,0 +1,128 @@
+// The int8 GEMM for a few tokens (a decode batch's NB rows): y[t, row] (+)= sum_k W[row, k] * x[t, k],
+// x in int8 runs (quantize_q8.wgsl: words xq, scales xd, sums xs), the weights as their bytes q (value
+// d * q + m, the type's iq8). Unlike matmul_q8 nothing is staged in workgroup memory: a thread decodes a
+// run of 32 of each of its R rows into registers once and dots it with every token's run (x is small and
+// stays in the caches). L threads share R rows, taking runs lane, lane + L, ... of K; their partial sums
+// are added in lane order through workgroup memory at the end. A token's arithmetic depends on K and L
+// alone, not on NB, R or the other tokens. The folds are matmul_q8's, per run of 32 (RUN32) or each half:
+//   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
+#include quant_common
+#include {{QUANT}}
+#include state
+#include epilogue
+
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, _a: u32, _b: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
+@group(0) @binding(4) var<storage, read> xd: array<vec2<f32>>;
+#if MINS
+@group(0) @binding(5) var<storage, read> xs: array<vec2<f32>>;
+#endif
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(7) var<storage, read> bias: array<f32>;
+#endif
+
+const NB: u32 = {{NB}}u;          // tokens, at most
+const R: u32 = {{R}}u;            // rows a thread
+const L: u32 = {{L}}u;            // threads sharing rows (across K)
+const WG: u32 = {{WG}}u;          // threads a workgroup
+const BM: u32 = WG / L * R;       // rows a workgroup
+
+// [row of the workgroup][token][lane]
+var<workgroup> part: array<f32, {{PART}}>;
+
+// see matmul_q8.wgsl: integer sums start at the bits of RND, a subtract makes them floats
+const SUM0: i32 = 0x4B400000;
+fn i2f(v: i32) -> f32 { return bitcast<f32>(v) - RND; }
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let m = st.n - first;
+    let lane = li % L;
+    let r0 = wid.x * BM + (li / L) * R;
+    let nb = p.k / 32u;
+    let bpr = p.k / QK;
+#unroll R r
+#unroll NB t
+    var a$r_$t = 0.0;
+#end
+#end
+    // loop-invariant row bases: each row's first block, each token's first x block
+#unroll R r
+    let w$r = min(r0 + $ru, p.rows - 1u) * bpr;
+#end
+#unroll NB t
+    let x$t = min($tu, m - 1u) * nb;
+#end
+    for (var run = lane; run < nb; run += L) {
+        let blk = (run * 32u) / QK;
+        let j0 = ((run * 32u) % QK) / 8u;
+        // the run of each row: four groups of 8 (clamped rows past the end: loads stay unconditional)
+#unroll R r
+#unroll 4 k
+        let g$r_$k = iq8(w$r + blk, j0 + $ku);
+#end
+#end
+#unroll NB t
+        {
+            let xb = x$t + run;
+            let x0 = xq[2u * xb];
+            let x1 = xq[2u * xb + 1u];
+            let d = xd[xb];
+#if MINS
+            let s = xs[xb];
+#endif
+#unroll R r
+            {
+#if RUN32
+                let v = i2f(SUM0 + dot4I8Packed(g$r_0.q.x, x0.x) + dot4I8Packed(g$r_0.q.y, x0.y)
+                            + dot4I8Packed(g$r_1.q.x, x0.z) + dot4I8Packed(g$r_1.q.y, x0.w)
+                            + dot4I8Packed(g$r_2.q.x, x1.x) + dot4I8Packed(g$r_2.q.y, x1.y)
+                            + dot4I8Packed(g$r_3.q.x, x1.z) + dot4I8Packed(g$r_3.q.y, x1.w));
+#if MINS
+                a$r_$t = fma(g$r_0.m, s.x + s.y, a$r_$t);
+#endif
+                a$r_$t = fma(v, g$r_0.d * d.x, a$r_$t);
+#else
+                let v0 = i2f(SUM0 + dot4I8Packed(g$r_0.q.x, x0.x) + dot4I8Packed(g$r_0.q.y, x0.y)
+                             + dot4I8Packed(g$r_1.q.x, x0.z) + dot4I8Packed(g$r_1.q.y, x0.w));
+                let v1 = i2f(SUM0 + dot4I8Packed(g$r_2.q.x, x1.x) + dot4I8Packed(g$r_2.q.y, x1.y)
+                             + dot4I8Packed(g$r_3.q.x, x1.z) + dot4I8Packed(g$r_3.q.y, x1.w));
+#if MINS
+                a$r_$t = fma(g$r_0.m, s.x, a$r_$t);
+#endif
+                a$r_$t = fma(v0, g$r_0.d * d.x, a$r_$t);
+#if MINS
+                a$r_$t = fma(g$r_2.m, s.y, a$r_$t);
+#endif
+                a$r_$t = fma(v1, g$r_2.d * d.y, a$r_$t);
+#endif
+            }
+#end
+        }
+#end
+    }
+    let row_l = (li / L) * R;
+#unroll R r
+#unroll NB t
+    part[((row_l + $ru) * NB + $tu) * L + lane] = a$r_$t;
+#end
+#end
+    workgroupBarrier();
+    for (var o = li; o < BM * NB; o += WG) {
+        var s = 0.0;
+        for (var l = 0u; l < L; l++) {
+            s += part[o * L + l];
+        }
+        let row = wid.x * BM + o / NB;
+        let t = o % NB;
+        if (row < p.rows && t < m) {
+            let yr = p.row0 + row;
+            write_y(t * p.y_stride + yr, yr, s);
+        }
+    }
+}
