@@ -11,19 +11,7 @@
 #include state
 #include epilogue
 
-struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, _a: u32, _b: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> st: State;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> xd: array<vec2<f32>>;
-#if MINS
-@group(0) @binding(5) var<storage, read> xs: array<vec2<f32>>;
-#endif
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-#if BIAS
-@group(0) @binding(7) var<storage, read> bias: array<f32>;
-#endif
+#include q8_bindings
 
 const NB: u32 = {{NB}}u;          // tokens, at most
 const R: u32 = {{R}}u;            // rows a thread

@@ -19,19 +19,7 @@
 
 // PARTIALS: K in SPLIT slices, one a grid z; a slice's sums go to y as partials [slice][token][row],
 // part_tokens tokens a slice, for matmul_split.wgsl to add in order (the epilogue is its).
-struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, part_tokens: u32, _b: u32 }
-@group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> st: State;
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-@group(0) @binding(3) var<storage, read> xq: array<vec4<u32>>;
-@group(0) @binding(4) var<storage, read> xd: array<vec2<f32>>;
-#if MINS
-@group(0) @binding(5) var<storage, read> xs: array<vec2<f32>>;
-#endif
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-#if BIAS
-@group(0) @binding(7) var<storage, read> bias: array<f32>;
-#endif
+#include q8_bindings
 #if EXPERTS
 // EXPERTS: w holds each expert's p.rows rows one after another; a workgroup's tokens are one tile of
 // moe_tiles.wgsl: pairs of one expert, listed in `pairs` from tile.y. A pair's x row is its id / XDIV
