@@ -234,6 +234,14 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
         assert any(x.startswith("matmul_few") for x in labels) and "matmul_split" not in labels, labels
 
 
+def test_matmul_few_rows_past_the_grid_limit(dev):
+    """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
+    groups = gemm.FEW_THREADS // gemm.FEW_LANES * gemm.FEW_ROWS
+    rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
+    labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, split=True, seed=3)
+    assert any(x.startswith("matmul_few") for x in labels)
+
+
 @pytest.mark.parametrize("qtype,small,large", [("Q4_K", 3, 16), ("Q6_K", 8, 12), ("Q4_0", 17, 40)])
 def test_batch_gemms_do_not_depend_on_the_batch(dev, qtype, small, large):
     """A decode batch's int8 GEMM (matmul_few up to gemm.FEW_TOKENS rows, the split GEMM beyond) gives a

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..gpu.plan import Dispatch
 from . import pipeline
-from .grid import cdiv
+from .grid import cdiv, grid_1d
 
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
 # (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
@@ -132,7 +132,7 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), (cdiv(c.rows, bm), 1, 1),
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), grid_1d(dev, cdiv(c.rows, bm)),
                             label=f"matmul_few.{w.qtype.name}", bytes=c.buffer.size))
     return out
 

@@ -27,11 +27,13 @@ const SUM0: i32 = 0x4B400000;
 fn i2f(v: i32) -> f32 { return bitcast<f32>(v) - RND; }
 
 @compute @workgroup_size({{WG}})
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let m = st.n - first;
     let lane = li % L;
-    let r0 = wid.x * BM + (li / L) * R;
+    let r_base = (wid.x + wid.y * nwg.x) * BM;          // grid_1d: y past the per-dimension limit
+    let r0 = r_base + (li / L) * R;
     let nb = p.k / 32u;
     let bpr = p.k / QK;
 #unroll R r
@@ -106,7 +108,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         for (var l = 0u; l < L; l++) {
             s += part[o * L + l];
         }
-        let row = wid.x * BM + o / NB;
+        let row = r_base + o / NB;
         let t = o % NB;
         if (row < p.rows && t < m) {
             let yr = p.row0 + row;
