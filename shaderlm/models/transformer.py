@@ -395,7 +395,9 @@ class Transformer:
     def matmul(self, w, x, y, **kw) -> list:
         """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
         b = self.b
-        if b.gemm:                                  # the batch's rows as a prompt's tokens
+        # the batch's rows as a prompt's tokens; float weights (no int8 kernel) keep the GEMVs where
+        # matmul_few would take a quantized one
+        if b.gemm and (w.qtype.blocked or b.batch > gemm.FEW_TOKENS):
             return ops.matmul(self.dev, w, x, y, b.state, **{**kw, "tt": b.batch}, int8=self.int8_prefill,
                               q8_tile=self.q8_tile, max_tokens=b.batch, split=True)
         kw.setdefault("tt", b.tt)
