@@ -9,8 +9,8 @@ each row's own pages, and the sampler draws each row's token with its sequence's
 seed, writing it where that sequence's next step reads it. Below `gemm_rows` rows every token's
 arithmetic is the same as when its sequence runs alone, so greedy tokens do not depend on the batch.
 From `gemm_rows` rows on, the matmuls take int8 x over the batch's rows (kernels/gemm.py): matmul_few
-up to FEW_TOKENS rows (each weight run decoded once for every row; float weights keep the GEMVs there),
-the prompt GEMM beyond (K split in slices fixed by the matrix). Within each of the two a token's arithmetic is the same in every batch, but
+up to FEW_TOKENS rows (each weight run decoded once for every row; only where every matrix is quantized,
+else such steps keep the GEMVs), the prompt GEMM beyond (K split in slices fixed by the matrix). Within each of the two a token's arithmetic is the same in every batch, but
 not the decode GEMVs' nor the other's (other rounding of x, other order of sums), so a near-tie may flip
 when a sequence's batch crosses one of those sizes.
 
@@ -26,7 +26,7 @@ import numpy as np
 from ..errors import ShaderLMError
 from ..gpu.device import READBACK, STORAGE, pack_params
 from ..gpu.plan import Plan
-from ..kernels import ops
+from ..kernels import gemm, ops
 from ..kernels.grid import cdiv
 from .transformer import PREFILL_TT, Build, Transformer
 
@@ -65,6 +65,8 @@ class Serving:
             if rows is not None:
                 break
         self.gemm_rows = 0 if a.n_experts else rows
+        # steps of up to FEW_TOKENS rows have an int8 GEMM (matmul_few) only for quantized weights
+        self.few_gemms = net.quantized_matmuls()
         if slots > BUCKETS[-1]:
             raise ShaderLMError(f"--parallel {slots} is over the largest batch, {BUCKETS[-1]}")
         if bucket(slots) > net.batch:
@@ -116,7 +118,8 @@ class Serving:
 
     def on_gemms(self, n: int) -> bool:
         """Whether a decode step of n sequences (run at bucket(n) rows) runs the int8 batch matmuls."""
-        return n > 0 and 0 < self.gemm_rows <= bucket(n)
+        rows = bucket(n) if n > 0 else 0
+        return 0 < self.gemm_rows <= rows and (rows > gemm.FEW_TOKENS or self.few_gemms)
 
     def _build(self, tt: int, state, tiled=True, batch=0) -> Build:
         return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,

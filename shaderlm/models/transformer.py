@@ -239,6 +239,14 @@ class Transformer:
         self.lm_head = self.matrix("output.weight", required=False) or self.tok_embd
         self.layers = [self.load_layer(i, f"blk.{i}.") for i in range(self.args.n_layers)]
 
+    def quantized_matmuls(self) -> bool:
+        """Whether every matmul weight (the layers' matrices and the LM head) has an int8 kernel."""
+        ws = [self.lm_head]
+        for L in self.layers:
+            for v in vars(L).values():
+                ws += [w for w in (v if isinstance(v, list) else [v]) if isinstance(w, GPUWeight)]
+        return all(w.qtype.blocked for w in ws)
+
     def load_layer(self, i: int, p: str) -> SimpleNamespace:
         """Hook: layer i's weights (names prefixed by p). Q, K, V (and gate, up) read the same input:
         they are stacked into one matrix where they share a type."""
@@ -395,9 +403,7 @@ class Transformer:
     def matmul(self, w, x, y, **kw) -> list:
         """ops.matmul for the plan being built (its tokens a pass, state and batch)."""
         b = self.b
-        # the batch's rows as a prompt's tokens; float weights (no int8 kernel) keep the GEMVs where
-        # matmul_few would take a quantized one
-        if b.gemm and (w.qtype.blocked or b.batch > gemm.FEW_TOKENS):
+        if b.gemm:                                  # the batch's rows as a prompt's tokens
             return ops.matmul(self.dev, w, x, y, b.state, **{**kw, "tt": b.batch}, int8=self.int8_prefill,
                               q8_tile=self.q8_tile, max_tokens=b.batch, split=True)
         kw.setdefault("tt", b.tt)
