@@ -36,7 +36,8 @@ def serve_engine(path=None, *, device=None, ctx=4096, parallel=8, kv_pages=None,
     parallel: sequences decoded together; ctx: tokens each may hold (prompt and completion);
     kv_pages: KV-cache pages of 16 tokens (default: room for every sequence to be full); gemm_rows: steps
     of this many rows or more (sequences rounded up to a batch size) run int8 matmuls over all rows
-    (default 8 on GPUs; 0: never, so that a sequence's tokens never depend on its batch); the rest as load(). close() it when done."""
+    (default 8 on GPUs; 0: never, so that a sequence's tokens never depend on its batch); the rest as
+    load(). close() it when done."""
     from .engine.scheduler import Engine
     from .options import Options
     if isinstance(tune, bool):

@@ -129,7 +129,7 @@ def k_for(qtype, i=0):
 
 def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, row0=0, y_extra=0,
                  first=None, max_binding=None, seed=0, n_chunks=None, tiled=True, int8=False, scale=1.0,
-                 q8_tile=None, split=False):
+                 q8_tile=None, decode_batch=False):
     """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows; with `int8`,
     the reference takes x as the int8 GEMM rounds it (q8_rounded). Returns the dispatches' labels."""
     rng = np.random.default_rng(seed)
@@ -152,7 +152,7 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     bb = dev.upload(b) if bias else None
     ds = ops.matmul(dev, w, xb, yb, st, tt=tt, y_stride=ys, row0=row0, accumulate=accumulate, bias=bb,
                     from_state_row=first is not None, tiled=tiled, int8=int8,
-                    q8_tile=q8_tile, split=split)
+                    q8_tile=q8_tile, decode_batch=decode_batch)
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
@@ -218,7 +218,7 @@ def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
     state's first row."""
     assert gemm.k_slices(rows, K) > 1
     for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5)):
-        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, decode_batch=True, first=first, **feature)
         assert "matmul_split" in labels
 
 
@@ -230,7 +230,7 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
     runs of 32 and of 16, K shorter than the lanes' stride, the epilogue, rows from the state's first
     row, and a weight in several bindings."""
     for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5), dict(max_binding="small")):
-        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, split=True, first=first, **feature)
+        labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, decode_batch=True, first=first, **feature)
         assert any(x.startswith("matmul_few") for x in labels) and "matmul_split" not in labels, labels
 
 
@@ -238,7 +238,7 @@ def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
     groups = gemm.FEW_THREADS // gemm.FEW_LANES * gemm.FEW_ROWS
     rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
-    labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, split=True, seed=3)
+    labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)
 
 
@@ -254,7 +254,7 @@ def test_batch_gemms_do_not_depend_on_the_batch(dev, qtype, small, large):
     out = []
     for n, xs in ((small, x[:small]), (large, x)):
         xb, yb = dev.upload(xs), dev.buffer(4 * n * rows)
-        ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, split=True)
+        ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, decode_batch=True)
         run(dev, ds, n)
         out.append(read_f32(dev, yb, (n, rows)))
     assert np.array_equal(out[0].view(np.uint32), out[1][:small].view(np.uint32))

@@ -115,7 +115,7 @@ def k_slices(rows: int, cols: int) -> int:
     return s
 
 
-FEW_TOKENS = 16                     # split GEMMs of this many tokens or fewer run matmul_few instead
+FEW_TOKENS = 16                     # decode batches of this many rows or fewer run matmul_few
 FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
 FEW_ROWS, FEW_THREADS = 2, 64       # rows a thread, threads a workgroup
 
@@ -138,12 +138,12 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, split: bool = False) -> list[Dispatch]:
+              tile=None, decode_batch: bool = False) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
-    choice (KB 1 where K is not a multiple of 32 KB). `split` (a decode batch's rows): up to FEW_TOKENS
-    tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
+    choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
+    FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch."""
-    if split and max_tokens <= FEW_TOKENS:
+    if decode_batch and max_tokens <= FEW_TOKENS:
         return matmul_few(dev, w, x, y, st, max_tokens=max_tokens, y_stride=y_stride, row0=row0,
                           accumulate=accumulate, bias=bias, from_state_row=from_state_row)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
@@ -151,7 +151,7 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     for c in w.chunks:
         t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
         tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)
-        slices = k_slices(c.rows, w.cols) if split else 1
+        slices = k_slices(c.rows, w.cols) if decode_batch else 1
         kb = kb if (w.cols // slices) % (32 * kb) == 0 else 1
         d = q8_defines(tm, tv, kb, *more)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)

@@ -405,7 +405,7 @@ class Transformer:
         b = self.b
         if b.gemm:                                  # the batch's rows as a prompt's tokens
             return ops.matmul(self.dev, w, x, y, b.state, **{**kw, "tt": b.batch}, int8=self.int8_prefill,
-                              q8_tile=self.q8_tile, max_tokens=b.batch, split=True)
+                              q8_tile=self.q8_tile, max_tokens=b.batch, decode_batch=True)
         kw.setdefault("tt", b.tt)
         return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, int8=self.int8_prefill, q8_tile=self.q8_tile,
                           max_tokens=self.batch, batch=b.batch, nt_max=self.batch_tokens, **kw)
