@@ -17,9 +17,9 @@ from .grid import cdiv, grid_1d
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
 # (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
 Q8_TILES = ((8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
-# for a few tokens (a decode batch's rows): tiles of 16, 32 or 64 tokens, a token's threads few, so that
-# small matrices still make many workgroups
-Q8_FEW_TILES = ((4, 1, 2, 4, 64), (4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
+# for a few tokens (a decode batch's rows past matmul_few's): tiles of 32 or 64 tokens, a token's threads
+# few, so that small matrices still make many workgroups
+Q8_FEW_TILES = ((4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
 MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
 
 
@@ -63,7 +63,7 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
     tokens are the fewest that hold them."""
     room = dev.limit("max-compute-workgroup-storage-size", 16384)
     if tiles is None and tokens <= 64:
-        bn = max(16, 1 << (tokens - 1).bit_length())
+        bn = max(32, 1 << (tokens - 1).bit_length())
         tiles = [t for t in Q8_FEW_TILES + Q8_TILES if tile_size(t)[1] == bn]
     tiles = [t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:]) for t in tiles or Q8_TILES]
     fits = [t for t in dict.fromkeys(tiles) if q8_workgroup_bytes(*t) <= room]
