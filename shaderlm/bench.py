@@ -203,6 +203,9 @@ def add_parsers(sub, add_precision):
     add_precision(p)
     p.add_argument("--prefill", type=int, default=0, help="also profile a prefill of this many tokens")
     p.add_argument("-r", type=int, default=5, help="decode repetitions (median per dispatch)")
+    p.add_argument("--batch-sizes", "-B", type=lambda v: [int(x) for x in v.split(",")], default=None,
+                   metavar="1,4,16", help="also profile the serving engine's decode step of this many sequences, "
+                   "each after a prompt of --context tokens")
     p.set_defaults(fn=profile)
 
 
@@ -219,8 +222,10 @@ def profile(args):
     """`shaderlm profile`: GPU time per kernel over one decode step (and a prefill)."""
     import shaderlm
     from .gpu.profiler import time_dispatches
+    from .models.serving import bucket
     ctx = max(args.context + args.prefill + 8, 64)
-    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, 1), progress=False,
+    rows = [bucket(b) for b in args.batch_sizes or [] if b > 0]          # activation rows a serving step needs
+    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, *rows, 1), progress=False,
                           int8_act=args.int8_act, exact_prefill=args.exact_prefill)
     net = model.net
     ids = np.random.default_rng(0).integers(0, net.vocab_size, max(args.context, 1)).tolist()
@@ -236,14 +241,38 @@ def profile(args):
         net.set_state(0, args.prefill, args.prefill - 1)
         plan = net.prefill_plan(args.prefill, True)
         per = time_dispatches(model.device, plan, args.prefill)
-        _print_profile(f"prefill of {args.prefill} tokens", plan, per)
+        _print_profile(f"prefill of {args.prefill} tokens", plan, per, tokens=args.prefill)
+    for batch in args.batch_sizes or []:
+        _profile_batch(model, batch, ids, args.r)
 
 
-def _print_profile(title, plan, seconds):
+def _profile_batch(model, batch: int, ids: list[int], reps: int):
+    """The serving engine's decode step of `batch` sequences, each after the prompt `ids`."""
+    from .gpu.profiler import time_dispatches
+    from .models.serving import Serving, bucket
+    if batch < 1:
+        raise ShaderLMError(f"profile: a batch of {batch} sequences")
+    sv = Serving(model.net, slots=batch, seq_ctx=len(ids) + reps + 24, tokens_per_submit=1)
+    for s in range(batch):
+        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+        sv.prefill(s, ids, 0, sample=True)
+    step = sv.record(list(range(batch)), [len(ids)] * batch, 1)    # writes the batch's rows; warms the plan
+    sv.submit(step)
+    sv.tokens_of(step)
+    rows = bucket(batch)
+    plan = sv.decode_plan(rows)
+    per = list(np.median(np.array([time_dispatches(model.device, plan, rows) for _ in range(reps)]), axis=0))
+    how = "int8 GEMMs" if sv.on_gemms(batch) else "GEMVs"
+    _print_profile(f"serving decode step of {batch} sequences at position {len(ids) + 1} ({rows} rows, {how})",
+                   plan, per, tokens=batch)
+
+
+def _print_profile(title, plan, seconds, tokens: int = 1):
+    """A plan's GPU time by kernel; `tokens`: what one run of it computes (a step's sequences)."""
     from .gpu.profiler import summarize
     total = sum(seconds)
     print(f"{title}: {len(plan)} dispatches, GPU {total * 1e6:.1f} us"
-          + (f" (= {1 / total:.0f} tok/s if GPU-bound)" if total else ""))
+          + (f" (= {tokens / total:.0f} tok/s if GPU-bound)" if total else ""))
     print(f"{'kernel':>22} | {'calls':>5} | {'total us':>9} | {'share':>6} | {'GB/s':>7}")
     for r in summarize(plan, seconds):
         print(f"{r['kernel']:>22} | {r['calls']:>5} | {r['us']:>9.1f} | {100 * r['share']:>5.1f}% | "

@@ -63,3 +63,18 @@ def test_profile(tiny_gguf, capsys):
     out = capsys.readouterr().out
     assert "decode step at position 5" in out and "prefill of 6 tokens" in out
     assert "matmul" in out and "attention" in out
+
+
+def test_profile_batch(tiny_gguf, capsys):
+    """profile -B: the serving engine's decode step of a few sequences, on the batch kernels (paged
+    attention, the batch sampler), its dispatches' times adding up to the printed total."""
+    assert main(["profile", "-m", tiny_gguf, "--context", "5", "-r", "1", "-B", "1,3"]) == 0
+    out = capsys.readouterr().out
+    for b, rows in ((1, 1), (3, 3)):
+        head = next(line for line in out.splitlines() if line.startswith(f"serving decode step of {b} sequences"))
+        assert f"at position 6 ({rows} rows" in head
+    table = out.split("serving decode step of 3 sequences")[1].splitlines()[2:]
+    kernels = {line.split("|")[0].strip(): float(line.split("|")[2]) for line in table if "|" in line}
+    assert any(k.startswith("attention") for k in kernels) and "sample" in kernels, kernels
+    total = float(out.split("serving decode step of 3 sequences")[1].split("GPU ")[1].split(" us")[0])
+    assert abs(sum(kernels.values()) - total) < 0.01 * total + 1.0
