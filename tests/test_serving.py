@@ -169,6 +169,27 @@ def test_engine_continuous_batching_and_stops(engine):
     _settled(engine)
 
 
+def test_decode_batches_ramp_up_from_an_idle_gpu(engine, monkeypatch):
+    """From an idle engine a sequence's decode batches take 1, 2, 4, .. steps up to tokens_per_submit
+    (the first tokens stream sooner), and its tokens are those it gets alone."""
+    m = engine.model
+    _settled(engine)
+    prompt = random_ids(m.config.vocab_size, 7, 21)
+    want = m.generate_tokens(prompt, 20, stop_at_eos=False)
+    real, steps = engine.runner.record, []
+
+    def record(slots, positions, k, **kw):
+        steps.append(k)
+        return real(slots, positions, k, **kw)
+    monkeypatch.setattr(engine.runner, "record", record)
+    out = [t for ev in engine.submit(Request(prompt, max_tokens=20, stop_at_eos=False)) for t in ev.token_ids]
+    assert out == want
+    ramp = [min(1 << i, engine.k) for i in range(len(steps))]
+    assert steps[:3] == ramp[:3] and all(a <= b for a, b in zip(steps, ramp)), steps
+    assert sum(steps) >= 19, steps          # the prompt's step sampled the first token
+    _settled(engine)
+
+
 def test_prefix_cache(engine):
     """A prompt that begins like an earlier one takes that one's full pages from the cache, and
     computes the same tokens."""

@@ -141,6 +141,7 @@ class Engine:
         self.pool = PagePool(self.runner.n_pages, page)
         self.chunk = prefill_chunk
         self.k = tokens_per_submit
+        self.ramp = 1                         # steps of the next decode batch while ramping up to k
         self.queue_size = queue_size
         self.free_slots = list(range(parallel - 1, -1, -1))
         self.waiting: deque = deque()
@@ -313,7 +314,12 @@ class Engine:
             live = [s for s in self.running if s.wanted() > 0]   # the rest wait for tokens in flight
             if not live:
                 break
-            k = min(self.k, max(s.wanted() for s in live))       # the others compute a few tokens past their end
+            # from an idle GPU, batches of 1, 2, 4, .. steps (as single-stream decode does): the first of
+            # them is recorded while the GPU waits, and the first tokens reach their streams sooner
+            if not self.in_flight:
+                self.ramp = 1
+            k = min(self.k, self.ramp, max(s.wanted() for s in live))   # the others compute a few past their end
+            self.ramp = min(2 * self.ramp, self.k)
             for s in live:
                 self._ensure_pages(s, s.pos + k)
             positions = [s.pos for s in live]
