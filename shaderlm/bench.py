@@ -60,7 +60,7 @@ def bench_batch(model, batch: int, prompt: int, gen: int, reps: int) -> tuple[li
     k = 8
     sv = Serving(model.net, slots=batch, seq_ctx=prompt + gen + 2 * k + 2, tokens_per_submit=k)
     for s in range(batch):
-        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+        sv.set_own_pages(s)
     out = []
     for r in range(reps + 1):
         for s in range(batch):
@@ -223,8 +223,10 @@ def profile(args):
     import shaderlm
     from .gpu.profiler import time_dispatches
     from .models.serving import bucket
+    if any(b < 1 for b in args.batch_sizes or []):
+        raise ShaderLMError(f"profile: -B takes batches of 1 sequence or more, not {args.batch_sizes}")
     ctx = max(args.context + args.prefill + 8, 64)
-    rows = [bucket(b) for b in args.batch_sizes or [] if b > 0]          # activation rows a serving step needs
+    rows = [bucket(b) for b in args.batch_sizes or []]          # activation rows a serving step needs
     model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, *rows, 1), progress=False,
                           int8_act=args.int8_act, exact_prefill=args.exact_prefill)
     net = model.net
@@ -250,11 +252,9 @@ def _profile_batch(model, batch: int, ids: list[int], reps: int):
     """The serving engine's decode step of `batch` sequences, each after the prompt `ids`."""
     from .gpu.profiler import time_dispatches
     from .models.serving import Serving, bucket
-    if batch < 1:
-        raise ShaderLMError(f"profile: a batch of {batch} sequences")
     sv = Serving(model.net, slots=batch, seq_ctx=len(ids) + reps + 24, tokens_per_submit=1)
     for s in range(batch):
-        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+        sv.set_own_pages(s)
         sv.prefill(s, ids, 0, sample=True)
     step = sv.record(list(range(batch)), [len(ids)] * batch, 1)    # writes the batch's rows; warms the plan
     sv.submit(step)

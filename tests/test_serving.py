@@ -27,7 +27,7 @@ N = 14
 def _generate_batched(sv: Serving, prompts: dict, n: int, k: int = 4) -> dict:
     """slot -> the n greedy tokens of its prompt, all slots decoded together."""
     for s, p in prompts.items():
-        sv.set_pages(s, list(range(s * sv.max_pages, (s + 1) * sv.max_pages)))
+        sv.set_own_pages(s)
         sv.prefill(s, p, 0, True)
     got = {s: sv.read_tokens(s, len(p), 1) for s, p in prompts.items()}
     pos = {s: len(p) for s, p in prompts.items()}

@@ -177,6 +177,13 @@ class Serving:
             raise ValueError(f"{len(pages)} pages for a slot of {self.max_pages}")
         self.dev.write(self.pages, np.asarray(pages, np.uint32), offset=4 * slot * self.max_pages)
 
+    def set_own_pages(self, slot: int):
+        """Slot `slot`'s table: pages slot * max_pages onwards, a stretch of its own in a pool of the
+        default size (for callers without a page pool: benchmarks, profiles, tests)."""
+        if (slot + 1) * self.max_pages > self.n_pages:
+            raise ValueError(f"slot {slot}'s own pages end past the pool's {self.n_pages}")
+        self.set_pages(slot, list(range(slot * self.max_pages, (slot + 1) * self.max_pages)))
+
     def set_sampling(self, slot: int, temperature=0.0, top_k=0, top_p=1.0, seed=0):
         vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed)
         self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
