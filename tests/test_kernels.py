@@ -222,6 +222,32 @@ def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
         assert "matmul_split" in labels
 
 
+@pytest.mark.parametrize("fuse,k,n,run_", [("norm", 576, 3, 32), ("norm", 2048, 17, 16), ("norm", 96, 1, 32),
+                                            ("silu", 1536, 5, 32), ("gelu", 96, 2, 16)])
+def test_quantize_q8_fused_inputs(dev, fuse, k, n, run_):
+    """quantize_q8 with the RMSNorm (rows of 96-2048: under and over a workgroup of blocks) or the gated
+    activation folded in gives the int8 words, scales and sums of the rmsnorm / glu dispatch it replaces,
+    bit for bit; so a model's tokens do not change with the fusion."""
+    rng = np.random.default_rng(k + n)
+    st = state(dev, n=n)
+    x = (rng.standard_normal((n, (1 if fuse == "norm" else 2) * k)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
+    xb, tmp = dev.upload(x), dev.buffer(4 * n * k)
+    if fuse == "norm":
+        nw = dev.upload(rng.uniform(-2, 2, k).astype(np.float32))
+        first = [ops.rmsnorm(dev, xb, nw, tmp, st, dim=k, eps=1e-5)]
+        fused = dict(norm=nw, eps=1e-5)
+    else:
+        first = [ops.glu(dev, xb, tmp, st, ffn=k, gelu=fuse == "gelu")]
+        fused = dict(glu_input=gemv.act_defines(gelu=fuse == "gelu"))
+    got = []
+    for ds, src, kw in ((first, tmp, {}), ([], xb, fused)):
+        q, bufs = gemm.quantize_q8(dev, src, st, k=k, tokens=n, from_state_row=False, run=run_, **kw)
+        run(dev, ds + q, n)
+        got.append([dev.read(b, np.uint32)[:n * k // 32 * (8 if i == 0 else 2)].copy() for i, b in enumerate(bufs)])
+    for name, a, b in zip(("words", "scales", "sums"), *got):
+        assert np.array_equal(a, b), f"{fuse} k={k}: {name} differ at {np.flatnonzero(a != b)[:5]}"
+
+
 @pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 16, None), ("Q6_K", 77, 1024, 5, 2),
                                                    ("Q8_0", 37, 1536, 2, None), ("Q4_1", 70, 96, 12, None),
                                                    ("Q5_K", 33, 512, 8, 3)])

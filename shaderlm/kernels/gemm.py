@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..gpu.plan import Dispatch
 from . import pipeline
-from .grid import cdiv, grid_1d
+from .grid import ROW_WG, cdiv, grid_1d
 
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
 # (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
@@ -74,19 +74,28 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
     return max(fits, key=groups.get)
 
 
-def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: int,
-                rows_per_token: int = 1) -> tuple[list[Dispatch], tuple]:
+def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: int, rows_per_token: int = 1,
+                norm=None, eps: float = 0.0, glu_input: dict | None = None) -> tuple[list[Dispatch], tuple]:
     """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks with a
     scale per `run` (16 or 32) elements: the dispatch and its three buffers. The buffers are scratch
-    shared by every GEMM of this shape: plans run their dispatches in order."""
+    shared by every GEMM of this shape: plans run their dispatches in order. `norm` (a weight buffer):
+    x RMS-normed first, as ops.rmsnorm would write it; `glu_input` (activation defines): x is [gate | up]
+    rows of 2k floats and their gated activation is rounded, as ops.glu would write it."""
+    if norm is not None and (glu_input is not None or from_state_row or rows_per_token != 1):
+        raise ValueError("quantize_q8 folds a norm only into plain rows from the first")
     nb = k // 32
     xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
     xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)
     xs = dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8)
-    pipe = pipeline(dev, "quantize_q8", RUN32=run == 32)
-    bg = dev.bind_group(pipe, [dev.uniform(k, int(from_state_row), rows_per_token, 0), st, x, xq, xd, xs])
-    gx = cdiv(nb, 64)
-    return [Dispatch(pipe, bg, lambda n: (gx, n * rows_per_token), label="quantize_q8")], (xq, xd, xs)
+    wg = ROW_WG if norm is not None else 64
+    pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None,
+                    GLU=glu_input is not None, **(glu_input or {}))
+    res = [dev.uniform(k, int(from_state_row), rows_per_token, 0), st, x, xq, xd, xs]
+    if norm is not None:
+        res += [norm, dev.uniform(float(eps), 0, 0, 0)]
+    gx = cdiv(nb, wg)
+    return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n * rows_per_token),
+                     label="quantize_q8")], (xq, xd, xs)
 
 
 def _type_defines(w) -> dict:
@@ -126,12 +135,13 @@ def few_rows(tokens: int) -> int:
     return next(r for most, r in FEW_ROWS if tokens <= most)
 
 
-def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row) -> list[Dispatch]:
+def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+               **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
     once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
-    for every max_tokens (FEW_LANES is fixed)."""
+    for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
-                             run=w.qtype.iq8_run)
+                             run=w.qtype.iq8_run, **fused)
     r = few_rows(max_tokens)
     bm = FEW_THREADS // FEW_LANES * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
@@ -145,16 +155,16 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, decode_batch: bool = False) -> list[Dispatch]:
+              tile=None, decode_batch: bool = False, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
     choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
     FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
-    partial sums added in order by a second dispatch."""
+    partial sums added in order by a second dispatch. `fused`: quantize_q8's norm / eps / glu_input."""
     if decode_batch and max_tokens <= FEW_TOKENS:
         return matmul_few(dev, w, x, y, st, max_tokens=max_tokens, y_stride=y_stride, row0=row0,
-                          accumulate=accumulate, bias=bias, from_state_row=from_state_row)
+                          accumulate=accumulate, bias=bias, from_state_row=from_state_row, **fused)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
-                             run=w.qtype.iq8_run)
+                             run=w.qtype.iq8_run, **fused)
     for c in w.chunks:
         t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
         tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)

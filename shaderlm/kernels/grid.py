@@ -1,5 +1,7 @@
-"""Workgroup counts."""
+"""Workgroup counts and sizes."""
 from __future__ import annotations
+
+ROW_WG = 256        # threads a workgroup of the row kernels (rmsnorm; quantize_q8 repeats its reduction)
 
 
 def cdiv(a: int, b: int) -> int:

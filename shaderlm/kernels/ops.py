@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from ..gpu.plan import Dispatch
 from . import gemm, pipeline
 from .gemv import act_defines, gemv, wide_ok
-from .grid import cdiv
+from .grid import ROW_WG, cdiv
 
-WG = 256            # threads per workgroup for the simple elementwise/row kernels
+WG = ROW_WG          # threads per workgroup for the simple elementwise/row kernels
 
 
 @dataclass
@@ -38,7 +38,7 @@ class Paging:
 
 
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
-           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None,
+           from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None, glu_input=False,
            tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
            nt_max: int = 1, decode_batch: bool = False) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
@@ -48,17 +48,24 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     gated activation (`glu`; GELU with `gelu`, else `act`: gemv.act_defines).
     tt > 1: batched tokens, a tiled GEMM (gemm.py) when K allows and `tiled`: on int8 activations with
     `int8` where the type is quantized in blocks (x's rows, at most max_tokens (default tt) of them,
-    quantized into scratch buffers; `decode_batch`: x is a serving step's rows, gemm.matmul_q8), else f32;
+    quantized into scratch buffers, where `norm` and `glu_input` (x holds [gate | up] rows: the input is
+    their gated activation, GELU with `gelu`, else `act`) are folded in;
+    `decode_batch`: x is a serving step's rows, gemm.matmul_q8), else f32;
     without `tiled`, matmul.wgsl taking tt tokens per pass over the weights (better for a few tokens).
     batch: a serving step's rows, each a token of its own sequence (the decode GEMV's batch)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
-        if norm is not None or glu:
-            raise ValueError("the tiled GEMM does not fuse norm/glu; run them as separate ops")
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
         if int8 and w.qtype.blocked:
+            if glu:
+                raise ValueError("the tiled GEMM does not fuse the activation after a [gate; up] weight")
+            fused = dict(norm=norm, eps=eps, glu_input=act_defines(gelu, act) if glu_input else None)
             return gemm.matmul_q8(dev, w, x, y, st, max_tokens=max(max_tokens, tt), tile=q8_tile,
-                                  decode_batch=decode_batch, **kw)
+                                  decode_batch=decode_batch, **kw, **fused)
+        if norm is not None or glu or glu_input:
+            raise ValueError("the f32 GEMM does not fuse norm/glu; run them as separate ops")
         return gemm.matmul_f32(dev, w, x, y, st, **kw)
+    if glu_input:
+        raise ValueError("only the int8 GEMM takes x as [gate | up] rows (glu_input)")
     if glu and len(w.chunks) != 1:
         raise ValueError(f"{w.name}: GLU fusion needs gate and up in one binding")
     if tt == 1 and not from_state_row and wide_ok(w):

@@ -2,32 +2,72 @@
 // or 32 with RUN32) becomes int8 values q = round(127 x / max|x|), its scale d = max|x| / 127, and each
 // 16 elements' d * sum(q) (for the weights' offset terms). A thread per 32-element block (4 words a
 // half); with RUN32 both halves get the block's scale.
+// Fused inputs (a dispatch fewer before the GEMM, the same values as that dispatch would write):
+// NORM, x RMS-normed by the weight nw first, with rmsnorm.wgsl's arithmetic (its workgroup size and
+// reduction, so the same 1/rms; every workgroup sums its token's whole row); GLU, x the gated
+// activation of gu's [gate | up] rows (glu.wgsl's), k the FFN width.
 #include state
+#if NORM
+#include reduce
+#endif
+#if GLU
+#include activation
+#endif
 
 struct P { k: u32, first_from_state: u32, rows_per_token: u32, _b: u32 }   // rows_per_token: 0 reads as 1
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
-@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;
+@group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;          // GLU: [gate | up] rows
 @group(0) @binding(3) var<storage, read_write> xq: array<vec4<u32>>;     // [token][block][2]
 @group(0) @binding(4) var<storage, read_write> xd: array<vec2<f32>>;     // [token][block]: per half
 @group(0) @binding(5) var<storage, read_write> xs: array<vec2<f32>>;     // [token][block]
+#if NORM
+@group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
+struct N { eps: f32, _a: u32, _b: u32, _c: u32 }
+@group(0) @binding(7) var<uniform> pn: N;
+#endif
 
 const ONES: u32 = 0x01010101u;
 
-@compute @workgroup_size(64)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+// x's vec4 i of token t's row (the block's value before rounding)
+fn xin(t: u32, i: u32, r: f32) -> vec4<f32> {
+#if GLU
+    let g = x[t * 2u * p.k / 4u + i];
+    let u = x[t * 2u * p.k / 4u + p.k / 4u + i];
+    return vec4<f32>(glu_act(g.x, u.x), glu_act(g.y, u.y), glu_act(g.z, u.z), glu_act(g.w, u.w));
+#else
+#if NORM
+    return x[t * p.k / 4u + i] * r * nw[i];
+#else
+    return x[t * p.k / 4u + i];
+#endif
+#endif
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let nb = p.k / 32u;
-    let t = gid.y;
-    if (gid.x >= nb || t >= (st.n - first) * max(p.rows_per_token, 1u)) { return; }
+    let t = wid.y;
+    if (t >= (st.n - first) * max(p.rows_per_token, 1u)) { return; }      // the whole workgroup
+#if NORM
+    // rmsnorm.wgsl's sum of squares: lane li takes elements li, li + WG, .. of the row
+    red_lane = li;
+    var ss = 0.0;
+    for (var i = li; i < p.k; i += {{WG}}u) { let v = x[(t * p.k + i) / 4u][i % 4u]; ss += v * v; }
+    let r = inverseSqrt(wg_sum(ss) / f32(p.k) + pn.eps);
+#else
+    let r = 1.0;
+#endif
+    if (gid.x >= nb) { return; }
     let b = t * nb + gid.x;
-    let o = b * 8u;
     var v: array<vec4<f32>, 8>;
     var m0 = vec4<f32>(0.0);
     var m1 = vec4<f32>(0.0);
     for (var i = 0u; i < 4u; i++) {
-        v[i] = x[o + i];
-        v[i + 4u] = x[o + i + 4u];
+        v[i] = xin(t, gid.x * 8u + i, r);
+        v[i + 4u] = xin(t, gid.x * 8u + i + 4u, r);
         m0 = max(m0, abs(v[i]));
         m1 = max(m1, abs(v[i + 4u]));
     }

@@ -211,13 +211,13 @@ class Gemma3(Transformer):
             return super().norm_input(i, block, fused, out)
         return self.xn, {}
 
-    def residual(self, i, block, w, inp, tt, next_norm=None):
+    def residual(self, i, block, w, inp, tt, next_norm=None, **mm):
         """The post-norm needs the whole block output: w writes to a scratch buffer (y) and add_rmsnorm
         adds its norm into x, and also writes the next block's normed input into xn (next_norm)."""
         a, L = self.args, self.layers[i]
         post = L.post_attn_norm if block == "attn" else L.post_ffn_norm
         nxt = {} if next_norm is None else dict(next_w=next_norm, xn=self.xn)
-        return self.matmul(w, inp, self.y, y_stride=a.dim) + \
+        return self.matmul(w, inp, self.y, y_stride=a.dim, **mm) + \
             [ops.add_rmsnorm(self.dev, self.y, post, self.x, self.b.state, dim=a.dim, eps=a.rms_eps, **nxt)]
 
     def head_ops(self, tt, decode=False):

@@ -330,9 +330,10 @@ class GptOss(Transformer):
         p["sinks"] = self.layers[i].sinks
         return p
 
-    def residual(self, i, block, w, inp, tt, next_norm=None):
+    def residual(self, i, block, w, inp, tt, next_norm=None, **mm):
         """x += Wo . attn + bo (the FFN, all experts, adds its own into x: Transformer.moe_ops)."""
-        return self.matmul(w, inp, self.x, y_stride=self.args.dim, accumulate=True, bias=self.layers[i].wo_bias)
+        return self.matmul(w, inp, self.x, y_stride=self.args.dim, accumulate=True, bias=self.layers[i].wo_bias,
+                           **mm)
 
 
 def _float(folder, name: str, shape: tuple):

@@ -372,16 +372,29 @@ class Transformer:
         src, norm = self.norm_input(i, "ffn", ffn_fused, out)
         if moe:
             return out + self.moe_ops(i, src, norm)
-        out += self.ffn_ops(i, tt, src, norm, ffn_fused)
+        # where down is an int8 GEMM, its x pass rounds the gated activation of gu's rows itself
+        glu_in = not ffn_fused and self.int8_gemms([L.down])
+        out += self.ffn_ops(i, tt, src, norm, ffn_fused, activation=not glu_in)
+        inp, mm = (self.gu, dict(glu_input=True, gelu=self.gelu)) if glu_in else (self.h, {})
         last = decode or i + 1 == a.n_layers
-        out += self.residual(i, "ffn", L.down, self.h, tt, next_norm=None if last else self.layers[i + 1].attn_norm)
+        out += self.residual(i, "ffn", L.down, inp, tt, next_norm=None if last else self.layers[i + 1].attn_norm, **mm)
         return out
+
+    def int8_gemms(self, ws) -> bool:
+        """Whether the plan being built runs the matmuls over `ws` as int8 GEMMs: their x pass
+        (gemm.quantize_q8) can then fold in the RMSNorm before them or the activation after gate/up."""
+        b = self.b
+        return self.int8_prefill and (b.gemm or (b.tt > 1 and b.tiled)) and \
+            all(w.qtype.blocked and w.cols % 32 == 0 for w in ws)
 
     def norm_input(self, i: int, block: str, fused: bool, out: list):
         """Hook: the input of layer i's `block` ("attn" or "ffn") and the norm kwargs its matmuls take:
-        x with the RMSNorm folded into them where fused, else xn written by an rmsnorm dispatch."""
-        a, w = self.args, getattr(self.layers[i], f"{block}_norm")
-        if fused:
+        x with the RMSNorm folded into them where fused (or where they are int8 GEMMs), else xn written by
+        an rmsnorm dispatch."""
+        a, L = self.args, self.layers[i]
+        w = getattr(L, f"{block}_norm")
+        users = L.qkv if block == "attn" else None if L.experts_gate_up is not None else L.gate_up
+        if fused or (users and self.int8_gemms(users)):          # the GEMV, or the GEMMs' x pass, norms x
             return self.x, dict(norm=w, eps=a.rms_eps)
         out.append(ops.rmsnorm(self.dev, self.x, w, self.xn, self.b.state, dim=a.dim, eps=a.rms_eps))
         return self.xn, {}
@@ -434,20 +447,24 @@ class Transformer:
                                paging=b.paging),
                 ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, tiled=b.tt > 1, **attn)]
 
-    def residual(self, i: int, block: str, w, inp, tt: int, next_norm=None) -> list:
+    def residual(self, i: int, block: str, w, inp, tt: int, next_norm=None, **mm) -> list:
         """Hook: x += w . inp, the output of layer i's `block`. `next_norm` is the norm the next block
-        applies to x where it runs as its own dispatch (an architecture may fold it in here)."""
-        return self.matmul(w, inp, self.x, y_stride=self.args.dim, accumulate=True)
+        applies to x where it runs as its own dispatch (an architecture may fold it in here). `mm`: the
+        matmul's input options (glu_input: inp is gate/up rows, their activation computed on the way)."""
+        return self.matmul(w, inp, self.x, y_stride=self.args.dim, accumulate=True, **mm)
 
-    def ffn_ops(self, i: int, tt: int, src, norm: dict, fused: bool) -> list:
-        """The gated FFN's gate/up matmuls and activation into h: one GEMV in the fused decode step."""
+    def ffn_ops(self, i: int, tt: int, src, norm: dict, fused: bool, activation: bool = True) -> list:
+        """The gated FFN's gate/up matmuls and activation into h: one GEMV in the fused decode step.
+        Without `activation`, gate/up's rows stay in gu (the down GEMM computes it)."""
         a, gu = self.args, self.layers[i].gate_up
         if fused:
             return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
         out, row0 = [], 0
         for w in gu:
-            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0)
+            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, **norm)
             row0 += w.rows
+        if not activation:
+            return out
         return out + [ops.glu(self.dev, self.gu, self.h, self.b.state, ffn=a.ffn_dim, gelu=self.gelu)]
 
     def moe_ops(self, i: int, src, norm: dict) -> list:
