@@ -10,6 +10,7 @@ import time
 import numpy as np
 
 from .engine.generate import Sampling
+from .kernels import gemm
 from .errors import ContextFullError, ShaderLMError
 from .models import PREFILL_CHUNK
 
@@ -113,7 +114,8 @@ def run(args):
         size = model.net.weight_bytes
         quant = model.metadata.get("general.file_type", "")
         peak = args.peak_gbs
-        extra = {"int8_act": model.net.int8_act, "int8_prefill": model.net.int8_prefill}
+        extra = {"int8_act": model.net.int8_act, "int8_prefill": model.net.int8_prefill,
+                 "tensor_cores": model.net.int8_prefill and gemm.tensor_cores(model.device)}
         for d in args.d:
             at = f" @ d{d}" if d else ""
             for p in args.p:
@@ -145,8 +147,9 @@ def run(args):
     print(" | ".join(f"{c:>10}" for c in cols))
     for r in rows:
         exact = r["test"].startswith("pp") and not r["int8_prefill"]       # prompts through the f32 GEMM
+        tc = r["test"].startswith("pp") and "batch" not in r and r.get("tensor_cores", False)   # matmul_tc
         vals = [r["model"][:28], f"{r['size'] / 1e6:.0f}MB", _quant_name(r["quant"]) + " i8x" * r["int8_act"],
-                r["test"] + " f32" * exact,
+                r["test"] + " f32" * exact + " tc" * tc,
                 f"{r['tps']:.1f}", f"{r['spread']:.1f}",
                 f"{1000 / r['tps']:.3f}" if r["tps"] else "-",
                 f"{r['cpu_ms_per_token']:.3f}" if "cpu_ms_per_token" in r else "-",

@@ -156,14 +156,15 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
-    xr, slack = (q8_rounded(x, QUANT_TYPES[qtype].iq8_run) if int8
+    tensor_cores = any(d.label.startswith("matmul_tc") for d in ds)
+    xr, slack = (q8_rounded(x, QUANT_TYPES[qtype].iq8_run) if int8 and not tensor_cores
                  else (x.astype(np.float64), np.zeros(x.shape)))
     prod = xr @ W.T
     ref = y0.astype(np.float64).copy()
     sl = (slice(0, m), slice(row0, row0 + rows))
     ref[sl] = (ref[sl] if accumulate else 0.0) + prod + (b[row0:row0 + rows] if bias else 0.0)
     tol = np.zeros_like(ref)
-    tol[sl] = slack @ np.abs(W).T + MM_RTOL * (np.abs(xr) @ np.abs(W).T
+    tol[sl] = (tc_error_bound(x, W) if tensor_cores else slack @ np.abs(W).T) + MM_RTOL * (np.abs(xr) @ np.abs(W).T
                          + (np.abs(y0[sl]) if accumulate else 0) + (np.abs(b[row0:row0 + rows]) if bias else 0)) + 1e-30
     what = (f"matmul {qtype} {rows}x{K} n={n} tt={tt} first={first} row0={row0} chunks={len(w.chunks)}"
             + (" int8" if int8 else ""))
@@ -174,6 +175,19 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     assert np.array_equal(got.view(np.uint32)[outside], y0.view(np.uint32)[outside]), \
         f"{what}: wrote outside y[0:{m}, {row0}:{row0 + rows}]"
     return [d.label for d in ds]
+
+
+TC_LIM = 32639.0         # matmul_tc.wgsl's 16-bit grid: |X| <= LIM, two int8 digits
+
+
+def tc_error_bound(x, W):
+    """How far the tensor-core GEMM may be from x . W: x on a grid of max|x[t]| / LIM a token and W of
+    max|W[r]| / LIM a row (a step each, for f32 rounding ties), and the dropped product of the two low
+    digits (each at most 128 steps)."""
+    sx = np.abs(x).max(axis=1, keepdims=True).astype(np.float64) / TC_LIM
+    sw = np.abs(W).max(axis=1, keepdims=True).astype(np.float64) / TC_LIM
+    k = x.shape[1]
+    return sx * np.abs(W).sum(1)[None, :] + np.abs(x).sum(1)[:, None] * sw.T + (1 + 128 * 128) * k * sx * sw.T
 
 
 def q8_rounded(x, run=16):
@@ -239,13 +253,58 @@ def test_quantize_q8_fused_inputs(dev, fuse, k, n, run_):
     else:
         first = [ops.glu(dev, xb, tmp, st, ffn=k, gelu=fuse == "gelu")]
         fused = dict(glu_input=gemv.act_defines(gelu=fuse == "gelu"))
-    got = []
-    for ds, src, kw in ((first, tmp, {}), ([], xb, fused)):
-        q, bufs = gemm.quantize_q8(dev, src, st, k=k, tokens=n, from_state_row=False, run=run_, **kw)
-        run(dev, ds + q, n)
-        got.append([dev.read(b, np.uint32)[:n * k // 32 * (8 if i == 0 else 2)].copy() for i, b in enumerate(bufs)])
-    for name, a, b in zip(("words", "scales", "sums"), *got):
-        assert np.array_equal(a, b), f"{fuse} k={k}: {name} differ at {np.flatnonzero(a != b)[:5]}"
+    for digits in (False, True):            # matmul_q8's runs, matmul_tc's digits
+        sizes = (n * k // 2, n) if digits else (n * k // 4, n * k // 16, n * k // 16)
+        got = []
+        for ds, src, kw in ((first, tmp, {}), ([], xb, fused)):
+            q, bufs = gemm.quantize_q8(dev, src, st, k=k, tokens=n, from_state_row=False, run=run_, digits=digits, **kw)
+            run(dev, ds + q, n)
+            got.append([dev.read(b, np.uint32)[:size].copy() for b, size in zip(bufs, sizes)])
+        for name, a, b in zip(("words", "scales", "sums"), *got):
+            assert np.array_equal(a, b), f"{fuse} k={k} digits={digits}: {name} differ at {np.flatnonzero(a != b)[:5]}"
+
+
+@pytest.mark.parametrize("qtype", INT8_TYPES)
+def test_matmul_tensor_cores(dev, qtype):
+    """The prompt GEMM on int8 subgroup matrices (a GPU whose WebGPU offers them: Dawn's on NVIDIA): x and
+    W each on one 16-bit grid, within tc_error_bound of the exact product; partial tiles of rows and tokens,
+    the epilogue, rows from the state's first row and a weight in several bindings."""
+    if not dev.has_int8_matrix:
+        pytest.skip("no exact int8 subgroup matrices on this adapter")
+    i = INT8_TYPES.index(qtype)
+    for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5, first=2), dict(max_binding="small")):
+        labels = check_matmul(dev, qtype, [200, 130][i % 2], 512, 300, 300, seed=i, int8=True, **feature)
+        assert any(x.startswith("matmul_tc") for x in labels), labels
+
+
+def test_quantize_digits(dev):
+    """quantize_q8's digits (the tensor-core GEMM's x): X = round(LIM x / max|x|) a token as 256 hi + lo,
+    both int8, and the grid step max|x| / LIM; a row of zeros stays zero."""
+    n, k = 5, 96
+    rng = np.random.default_rng(1)
+    x = (rng.standard_normal((n, k)) * rng.uniform(0.01, 100, (n, 1))).astype(np.float32)
+    x[2] = 0.0
+    q, (xq, xd) = gemm.quantize_q8(dev, dev.upload(x), state(dev, n=n), k=k, tokens=n, from_state_row=False,
+                                  run=32, digits=True)
+    run(dev, q, n)
+    planes = dev.read(xq, np.int8)[:2 * n * k].reshape(2, n, k).astype(np.int64)
+    step = dev.read(xd, np.float32)[:n]
+    amax = np.abs(x).max(axis=1).astype(np.float64)
+    assert np.allclose(step, amax / TC_LIM, rtol=1e-6)
+    want = np.floor(x * np.where(amax == 0, 0, TC_LIM / np.where(amax == 0, 1, amax))[:, None] + 0.5)
+    got = 256 * planes[0] + planes[1]
+    assert np.abs(got - want).max() <= 1 and np.mean(got == want) > 0.999
+    assert np.abs(got).max() <= TC_LIM and not got[2].any()
+
+
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q8_0", "Q6_K"])
+def test_row_max(dev, qtype):
+    """weights.row_max: max |W| of every row (the tensor-core grid), in each binding of a split weight."""
+    from shaderlm.kernels.weights import row_max
+    raw, W = make_weight(qtype, 70, 512, np.random.default_rng(2))
+    w = upload(dev, qtype, raw, 70, 512, QUANT_TYPES[qtype].row_bytes(512) * 16)
+    got = np.concatenate([dev.read(row_max(dev, w, c), np.float32)[:c.rows] for c in w.chunks])
+    assert len(w.chunks) > 1 and np.array_equal(got, np.abs(W).max(axis=1).astype(np.float32))
 
 
 @pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 16, None), ("Q6_K", 77, 1024, 5, 2),

@@ -12,7 +12,7 @@ import importlib
 import wgpu as _native
 
 from ..errors import DeviceError
-from ..options import BACKENDS, webgpu_module
+from ..options import BACKENDS, shader_checks, webgpu_module
 
 # WebGPU's flag values, the same in every implementation of the API
 BufferUsage = _native.BufferUsage
@@ -27,6 +27,22 @@ def _has_adapter(module) -> bool:
         return False
 
 
+def _import(name: str):
+    """The WebGPU package `name`; Dawn's with its unsafe APIs allowed (before it makes its instance):
+    that is what offers subgroup matrices, used only where a probe finds them exact (gpu/device.py).
+    SHADERLM_SHADER_CHECKS=none turns Dawn's robustness off too (its bounds checks: with them the
+    tensor-core GEMM runs at about half speed; docs/performance.md)."""
+    module = importlib.import_module(name)
+    if name == BACKENDS["dawn"]:
+        try:
+            from wgpudawn.backends.dawn.extras import set_instance_extras
+        except ImportError:
+            return module
+        set_instance_extras(enable_toggles=["allow_unsafe_apis"]
+                            + (["disable_robustness"] if shader_checks() == "none" else []))
+    return module
+
+
 def webgpu():
     """The WebGPU package this process runs on (chosen on the first call)."""
     global _chosen
@@ -34,7 +50,7 @@ def webgpu():
         name = webgpu_module()
         if name:
             try:
-                _chosen = importlib.import_module(name)
+                _chosen = _import(name)
             except ImportError as e:
                 raise DeviceError(f"the WebGPU package {name!r} (--backend / SHADERLM_WEBGPU) is not installed"
                                   + (" (`pip install wgpudawn`)" if name == BACKENDS["dawn"] else "")
@@ -43,7 +59,7 @@ def webgpu():
             _chosen = _native
         else:
             try:
-                dawn = importlib.import_module(BACKENDS["dawn"])
+                dawn = _import(BACKENDS["dawn"])
             except ImportError:
                 dawn = None
             _chosen = dawn if dawn is not None and _has_adapter(dawn) else _native

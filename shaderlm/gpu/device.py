@@ -18,12 +18,13 @@ from ..errors import DeviceError  # noqa: E402
 from ..options import shader_checks  # noqa: E402
 from .backend import BufferUsage, MapMode, indexed_submission, shader_module, webgpu  # noqa: E402
 
+SUBGROUP_MATRIX = "chromium-experimental-subgroup-matrix"     # Dawn's (needs its unsafe APIs allowed)
 STORAGE = BufferUsage.STORAGE | BufferUsage.COPY_DST | BufferUsage.COPY_SRC
 UNIFORM = BufferUsage.UNIFORM | BufferUsage.COPY_DST
 READBACK = BufferUsage.MAP_READ | BufferUsage.COPY_DST
 
 OPTIONAL_FEATURES = ("shader-f16", "subgroup", "timestamp-query", "timestamp-query-inside-passes",
-                     "timestamp-query-inside-encoders")
+                     "timestamp-query-inside-encoders", "subgroups", SUBGROUP_MATRIX)
 # Limits we raise to what the adapter offers (WebGPU's defaults are far below real hardware).
 WANTED_LIMITS = ("max-storage-buffer-binding-size", "max-buffer-size", "max-storage-buffers-per-shader-stage",
                  "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
@@ -40,6 +41,23 @@ _SUBGROUP_PROBE = """
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_index) li: u32, @builtin(subgroup_size) sgs: u32) {
     if (li == 0u) { out[0] = sgs; }
+}
+"""
+
+# One int8 16x16x32 product on subgroup matrices (tensor cores): A's 16 rows and B's 16 columns are 32
+# bytes each, C = A B in i32, stored column-major.
+INT8_MATRIX_PROBE = """
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+diagnostic(off, chromium.subgroup_matrix_uniformity);
+@group(0) @binding(0) var<storage, read_write> a: array<i32>;
+@group(0) @binding(1) var<storage, read_write> b: array<i32>;
+@group(0) @binding(2) var<storage, read_write> c: array<i32>;
+@compute @workgroup_size(32)
+fn main() {
+    let l = subgroupMatrixLoad<subgroup_matrix_left<i8, 32, 16>>(&a, 0u, false, 32u);
+    let r = subgroupMatrixLoad<subgroup_matrix_right<i8, 16, 32>>(&b, 0u, true, 32u);
+    subgroupMatrixStore(&c, 0u, subgroupMatrixMultiply<i32>(l, r), true, 16u);
 }
 """
 
@@ -112,11 +130,14 @@ class Device:
         self.limits = dict(self.device.limits)
         self.max_binding = int(self.limits["max-storage-buffer-binding-size"])
         self.max_buffers = int(self.limits["max-storage-buffers-per-shader-stage"])
-        self.has_subgroups = "subgroup" in self.features
+        # wgpu-native's feature, or Dawn's (asked for even without `subgroups`: its subgroup matrices need it)
+        self.has_subgroups = subgroups and ("subgroup" in self.features or "subgroups" in self.features)
         self.has_timestamps = "timestamp-query" in self.features
         self.subgroup_size = self._probe_subgroup_size() if self.has_subgroups else 0
         if self.subgroup_size < 4:          # the kernels' partial-sum buffers assume 4 lanes or more
             self.has_subgroups, self.subgroup_size = False, 0
+        # int8 products on subgroup matrices, exact here (the prefill GEMMs' tensor-core path)
+        self.has_int8_matrix = SUBGROUP_MATRIX in self.features and self._probe_int8_matrix()
         self._scratch: dict = {}
 
     @property
@@ -137,6 +158,7 @@ class Device:
         return {"device": info["device"], "vendor": info["vendor"], "backend": info["backend_type"],
                 "adapter_type": info["adapter_type"], "description": info["description"],
                 "features": sorted(self.features), "subgroup_size": self.subgroup_size,
+                "int8_matrix": self.has_int8_matrix,
                 "limits": {k: self.limits[k] for k in WANTED_LIMITS if k in self.limits}}
 
     def identity(self) -> list[str]:
@@ -203,6 +225,8 @@ class Device:
     # ---- pipelines -----------------------------------------------------------------------------
     def compile(self, code: str, label: str = ""):
         """A compute pipeline (entry point `main`, layout from the shader) from WGSL source."""
+        if "subgroups" in self.features and "enable subgroups;" not in code:
+            code = "enable subgroups;\n" + code        # Dawn's WGSL asks for it; wgpu-native's takes none
         try:
             module = shader_module(self.device, code, label, self.shader_checks)
             return self.device.create_compute_pipeline(layout="auto",
@@ -255,6 +279,18 @@ class Device:
         cp.dispatch_workgroups(*grid)
         cp.end()
         self.submit([enc.finish()])
+
+    def _probe_int8_matrix(self) -> bool:
+        rng = np.random.default_rng(0)
+        a, b = (rng.integers(-128, 128, (16, 32), dtype=np.int8) for _ in range(2))
+        out = self.buffer(16 * 16 * 4)
+        try:
+            pipe = self.compile(INT8_MATRIX_PROBE, "int8 subgroup matrix probe")
+            self.run_once(pipe, [self.upload(a), self.upload(b), out], (1, 1, 1))
+            got = self.read(out, np.int32).reshape(16, 16)      # column n: B's row n times A's rows
+        except DeviceError:
+            return False
+        return bool(np.array_equal(got, (b.astype(np.int32) @ a.astype(np.int32).T)))
 
     def _probe_subgroup_size(self) -> int:
         out = self.buffer(16)

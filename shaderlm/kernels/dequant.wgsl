@@ -1,11 +1,32 @@
 // Dequantize rows of a weight tensor to f32 (tests, and any op that wants plain floats).
 // out[r * K + k] for rows [0, n_rows) of this chunk; one thread per 8-element group.
+// ROW_MAX: instead out[r] = max |W[r]| (the tensor-core GEMM's grid, matmul_tc.wgsl); a workgroup a row.
 #include quant_common
 #include {{QUANT}}
 
 struct P { k: u32, n_rows: u32, dbase: u32, _pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> w: array<u32>;
+#if ROW_MAX
+#include reduce
+@group(0) @binding(2) var<storage, read_write> out: array<f32>;
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let row = wid.x + wid.y * nwg.x;
+    if (row >= p.n_rows) { return; }        // the whole workgroup
+    red_lane = li;
+    var m = 0.0;
+    for (var g = li; g < p.k / 8u; g += {{WG}}u) {
+        let v = dq8(row * (p.k / QK) + g / (QK / 8u), g % (QK / 8u));
+        let a = max(abs(v.a), abs(v.b));
+        m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    m = wg_max(m);
+    if (li == 0u) { out[row] = m; }
+}
+#else
 @group(0) @binding(2) var<storage, read_write> out: array<vec4<f32>>;
 
 @compute @workgroup_size(256)
@@ -20,3 +41,4 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     out[g * 2u] = v.a;
     out[g * 2u + 1u] = v.b;
 }
+#endif

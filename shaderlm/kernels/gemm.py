@@ -7,12 +7,15 @@ a workgroup, each weight tile decoded once into workgroup memory.
       the arithmetic rate, at the cost of x's rounding (as llama.cpp's MMQ kernels).
   int8 for a decode batch's few rows (matmul_few.wgsl): the same integer dots and folds with no tiles,
       each weight run decoded once in registers for every row.
+  tensor cores (matmul_tc.wgsl, where the device has exact int8 subgroup matrices): W on one 16-bit grid
+      a row and x one a token, each as two int8 digits, products of 16 x 16 x 32 into i32.
 """
 from __future__ import annotations
 
 from ..gpu.plan import Dispatch
 from . import pipeline
 from .grid import ROW_WG, cdiv, grid_1d
+from .weights import row_max
 
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
 # (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
@@ -75,27 +78,36 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
 
 
 def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: int, rows_per_token: int = 1,
-                norm=None, eps: float = 0.0, glu_input: dict | None = None) -> tuple[list[Dispatch], tuple]:
+                norm=None, eps: float = 0.0, glu_input: dict | None = None,
+                digits: bool = False) -> tuple[list[Dispatch], tuple]:
     """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks with a
     scale per `run` (16 or 32) elements: the dispatch and its three buffers. The buffers are scratch
     shared by every GEMM of this shape: plans run their dispatches in order. `norm` (a weight buffer):
     x RMS-normed first, as ops.rmsnorm would write it; `glu_input` (activation defines): x is [gate | up]
-    rows of 2k floats and their gated activation is rounded, as ops.glu would write it."""
+    rows of 2k floats and their gated activation is rounded, as ops.glu would write it. `digits`: for
+    matmul_tc instead, a token's row on one 16-bit grid as two int8 digit planes, and its grid step
+    (two buffers)."""
     if norm is not None and (glu_input is not None or from_state_row or rows_per_token != 1):
         raise ValueError("quantize_q8 folds a norm only into plain rows from the first")
+    if digits and rows_per_token != 1:
+        raise ValueError("quantize_q8 rounds to digits only a row a token")
     nb = k // 32
-    xq = dev.scratch(f"q8.words.{tokens}x{k}", tokens * k)
-    xd = dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8)
-    xs = dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8)
-    wg = ROW_WG if norm is not None else 64
-    pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None,
+    if digits:
+        bufs = (dev.scratch(f"tc.digits.{tokens}x{k}", 2 * tokens * k), dev.scratch(f"tc.steps.{tokens}", 4 * tokens))
+        wg = ROW_WG
+    else:
+        bufs = (dev.scratch(f"q8.words.{tokens}x{k}", tokens * k), dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8),
+                dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8))
+        wg = ROW_WG if norm is not None else 64
+    pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None, TOKEN=digits,
+                    REDUCE=norm is not None or digits,          # the workgroup reductions (reduce.wgsl)
                     GLU=glu_input is not None, **(glu_input or {}))
-    res = [dev.uniform(k, int(from_state_row), rows_per_token, 0), st, x, xq, xd, xs]
+    res = [dev.uniform(k, int(from_state_row), rows_per_token, tokens * k // 4), st, x, *bufs]
     if norm is not None:
-        res += [norm, dev.uniform(float(eps), 0, 0, 0)]
-    gx = cdiv(nb, wg)
+        res += [None] * (6 - len(res)) + [norm, dev.uniform(float(eps), 0, 0, 0)]
+    gx = 1 if digits else cdiv(nb, wg)
     return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n * rows_per_token),
-                     label="quantize_q8")], (xq, xd, xs)
+                     label="quantize_tc" if digits else "quantize_q8")], bufs
 
 
 def _type_defines(w) -> dict:
@@ -154,15 +166,52 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     return out
 
 
+TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup
+TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32 (256: 8 of 32 x 64)
+TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
+TC_WORKGROUP_BYTES = 4 * 128 * 48   # its two buffers of both digits of W's and x's tiles
+
+
+def tensor_cores(dev) -> bool:
+    """Whether prompts' GEMMs run on matmul_tc: exact int8 subgroup matrices, and room for its tiles."""
+    return (dev.has_int8_matrix and dev.limit("max-compute-workgroup-storage-size", 0) >= TC_WORKGROUP_BYTES
+            and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
+
+
+def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+              **fused) -> list[Dispatch]:
+    """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
+    digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
+    they are staged. `fused`: quantize_q8's norm / eps / glu_input."""
+    out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
+                                run=32, digits=True, **fused)
+    wg = TC_THREADS
+    pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate,
+                    WG=wg, NJ=8 * 128 // wg, EW=512 // wg, XV=512 // wg)
+    for c in w.chunks:
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
+                             max_tokens * w.cols // 4, 0)
+        res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, y] + ([bias] if bias is not None else [])
+        gx = cdiv(c.rows, TC_TILE[0])
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, TC_TILE[1])),
+                            label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size))
+    return out
+
+
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
               tile=None, decode_batch: bool = False, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
     choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
     FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
-    partial sums added in order by a second dispatch. `fused`: quantize_q8's norm / eps / glu_input."""
+    partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
+    prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) run on them (matmul_tc).
+    `fused`: quantize_q8's norm / eps / glu_input."""
+    kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+              from_state_row=from_state_row, **fused)
+    if not decode_batch and tile is None and max_tokens >= TC_MIN_TOKENS and tensor_cores(dev):
+        return matmul_tc(dev, w, x, y, st, **kw)
     if decode_batch and max_tokens <= FEW_TOKENS:
-        return matmul_few(dev, w, x, y, st, max_tokens=max_tokens, y_stride=y_stride, row0=row0,
-                          accumulate=accumulate, bias=bias, from_state_row=from_state_row, **fused)
+        return matmul_few(dev, w, x, y, st, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
     for c in w.chunks:

@@ -2,25 +2,34 @@
 // or 32 with RUN32) becomes int8 values q = round(127 x / max|x|), its scale d = max|x| / 127, and each
 // 16 elements' d * sum(q) (for the weights' offset terms). A thread per 32-element block (4 words a
 // half); with RUN32 both halves get the block's scale.
+// TOKEN (for the tensor-core GEMM, matmul_tc.wgsl): instead, each token's whole row on one 16-bit grid
+// (tc_digits.wgsl), hi digits in plane 0 and lo in plane 1, and the token's grid step max|x| / LIM.
+// A workgroup a token: one pass for the max, one to round.
 // Fused inputs (a dispatch fewer before the GEMM, the same values as that dispatch would write):
 // NORM, x RMS-normed by the weight nw first, with rmsnorm.wgsl's arithmetic (its workgroup size and
 // reduction, so the same 1/rms; every workgroup sums its token's whole row); GLU, x the gated
 // activation of gu's [gate | up] rows (glu.wgsl's), k the FFN width.
 #include state
-#if NORM
+#if REDUCE
 #include reduce
 #endif
 #if GLU
 #include activation
 #endif
 
-struct P { k: u32, first_from_state: u32, rows_per_token: u32, _b: u32 }   // rows_per_token: 0 reads as 1
+struct P { k: u32, first_from_state: u32, rows_per_token: u32, plane: u32 }   // rows_per_token: 0 reads as 1;
+// plane: TOKEN's words a digit plane
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;          // GLU: [gate | up] rows
+#if TOKEN
+@group(0) @binding(3) var<storage, read_write> xq: array<u32>;           // [digit][token][k / 4]
+@group(0) @binding(4) var<storage, read_write> xd: array<f32>;           // [token]
+#else
 @group(0) @binding(3) var<storage, read_write> xq: array<vec4<u32>>;     // [token][block][2]
 @group(0) @binding(4) var<storage, read_write> xd: array<vec2<f32>>;     // [token][block]: per half
 @group(0) @binding(5) var<storage, read_write> xs: array<vec2<f32>>;     // [token][block]
+#endif
 #if NORM
 @group(0) @binding(6) var<storage, read> nw: array<vec4<f32>>;
 struct N { eps: f32, _a: u32, _b: u32, _c: u32 }
@@ -44,6 +53,42 @@ fn xin(t: u32, i: u32, r: f32) -> vec4<f32> {
 #endif
 }
 
+// the token's 1 / rms (NORM; rmsnorm.wgsl's sum of squares: lane li takes elements li, li + WG, ..)
+fn row_norm(t: u32, li: u32) -> f32 {
+#if NORM
+    var ss = 0.0;
+    for (var i = li; i < p.k; i += {{WG}}u) { let v = x[(t * p.k + i) / 4u][i % 4u]; ss += v * v; }
+    return inverseSqrt(wg_sum(ss) / f32(p.k) + pn.eps);
+#else
+    return 1.0;
+#endif
+}
+
+#if TOKEN
+#include tc_digits
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let t = wid.y;
+    if (t >= st.n - first) { return; }      // the whole workgroup
+    red_lane = li;
+    let r = row_norm(t, li);
+    var m = 0.0;
+    for (var i = li; i < p.k / 4u; i += {{WG}}u) {
+        let a = abs(xin(t, i, r));
+        m = max(m, max(max(a.x, a.y), max(a.z, a.w)));
+    }
+    m = wg_max(m);
+    let inv = select(LIM / m, 0.0, m == 0.0);
+    for (var i = li; i < p.k / 4u; i += {{WG}}u) {
+        let d = digits(xin(t, i, r), inv);
+        xq[t * p.k / 4u + i] = d.x;
+        xq[p.plane + t * p.k / 4u + i] = d.y;
+    }
+    if (li == 0u) { xd[t] = m / LIM; }
+}
+#else
 @compute @workgroup_size({{WG}})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
@@ -52,14 +97,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let t = wid.y;
     if (t >= (st.n - first) * max(p.rows_per_token, 1u)) { return; }      // the whole workgroup
 #if NORM
-    // rmsnorm.wgsl's sum of squares: lane li takes elements li, li + WG, .. of the row
     red_lane = li;
-    var ss = 0.0;
-    for (var i = li; i < p.k; i += {{WG}}u) { let v = x[(t * p.k + i) / 4u][i % 4u]; ss += v * v; }
-    let r = inverseSqrt(wg_sum(ss) / f32(p.k) + pn.eps);
-#else
-    let r = 1.0;
 #endif
+    let r = row_norm(t, li);
     if (gid.x >= nb) { return; }
     let b = t * nb + gid.x;
     var v: array<vec4<f32>, 8>;
@@ -92,3 +132,4 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     xd[b] = d;
     xs[b] = d * vec2<f32>(f32(lo), f32(hi));
 }
+#endif

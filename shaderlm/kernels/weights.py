@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ModelFormatError
 from . import pipeline
-from .grid import cdiv, grid_1d
+from .grid import ROW_WG, cdiv, grid_1d
 from .quants import QuantType, gpu_layout, quant_type, row_chunks
 
 
@@ -18,6 +18,7 @@ class WeightChunk:
     row0: int
     rows: int
     dbase: int      # word offset of the split f16 scale array in `buffer` (0 when the type has none)
+    row_max: object = None      # max |W| of each row (the tensor-core GEMM's grid; row_max() makes it)
 
 
 @dataclass
@@ -72,6 +73,17 @@ def k4_regroup(dev, buf, blocks: int, block_words: int):
     in place, as the decoders read them (k4_regroup.wgsl); once, at upload."""
     grid = grid_1d(dev, cdiv(blocks, 256))
     dev.run_once(pipeline(dev, "k4_regroup"), [dev.uniform(blocks, block_words, grid[0] * 256, 0), buf], grid)
+
+
+def row_max(dev, weight: GPUWeight, chunk: WeightChunk):
+    """A buffer of max |W[r]| for the chunk's rows (dequant.wgsl's ROW_MAX), made on first use."""
+    if chunk.row_max is None:
+        buf = dev.buffer(4 * chunk.rows, label=f"{weight.name}.row_max")
+        pipe = pipeline(dev, "dequant", QUANT=weight.qtype.kernel, ROW_MAX=True, WG=ROW_WG)
+        dev.run_once(pipe, [dev.uniform(weight.cols, chunk.rows, chunk.dbase, 0), chunk.buffer, buf],
+                     grid_1d(dev, chunk.rows))
+        chunk.row_max = buf
+    return chunk.row_max
 
 
 def dequantize(dev, weight: GPUWeight) -> np.ndarray:

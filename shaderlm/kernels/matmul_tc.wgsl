@@ -1,0 +1,170 @@
+// Prefill GEMM on tensor cores (subgroup matrices: int8 16x16x32 products into i32; Dawn offers them):
+// y[t, row] (+)= W[row] . x[t]. Scales per 32 elements would have to be applied to every 16x16 product
+// through workgroup memory (the matrices are opaque), so instead both sides take one integer grid for a
+// whole row: W[row] = rw[row] WX with |WX| <= LIM (rw from dequant.wgsl's ROW_MAX at load), x[t] = xd[t] XX
+// (quantize_q8.wgsl's TOKEN), 16 bits each, as two int8 digits X = 256 hi + lo. A row's sum is then
+// integer to the end: C = 65536 hi.hi + 256 (hi.lo + lo.hi) (lo.lo, under 2^-16 of C, is dropped), in
+// two i32 accumulators over all of K, and y = rw[row] xd[t] C: about as exact as f32 x and weights.
+// A workgroup: BM = 128 rows x BN = 128 tokens, WG / 32 subgroups (8 or 16) of 32 rows x NJ 16 tokens
+// (2 x NJ products of 16 x 16, three each a K step); K steps of 32, two workgroup buffers (the next
+// step's loads in flight while this one multiplies). Each weight is decoded (dq8) and rounded to its
+// digits as it is staged: a thread takes EW runs of 8 of a row, and XV vec4s of x's digits.
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+diagnostic(off, chromium.subgroup_matrix_uniformity);
+#include quant_common
+#include {{QUANT}}
+#include state
+#include epilogue
+#include tc_digits
+
+// plane: words a digit plane of xq
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, plane: u32, _b: u32 }
+@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> st: State;
+@group(0) @binding(2) var<storage, read> w: array<u32>;
+@group(0) @binding(3) var<storage, read> rw: array<f32>;            // a row's max |W|
+@group(0) @binding(4) var<storage, read> xq: array<vec4<u32>>;      // [digit][token][k / 16]
+@group(0) @binding(5) var<storage, read> xd: array<f32>;            // a token's grid step
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+#if BIAS
+@group(0) @binding(7) var<storage, read> bias: array<f32>;
+#endif
+
+alias LM = subgroup_matrix_left<i8, 32, 16>;
+alias RM = subgroup_matrix_right<i8, 16, 32>;
+alias CM = subgroup_matrix_result<i32, 16, 16>;
+const WG: u32 = {{WG}}u;
+const BM: u32 = 128u;
+const BN: u32 = 128u;
+const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
+const TPR: u32 = WG / BM;        // threads a row's 32 weights (2 or 4): EW runs of 8 each
+const RS: u32 = 48u;             // bytes a staged row of 32: 16 more keep a product's rows on distinct banks
+const RW: u32 = RS / 4u;
+// [buffer][digit][row][RW words] (48 KiB in all); after the loop they hold the subgroups' sums
+const BUF: u32 = 2u * BM * RW;   // words a buffer (BN = BM: the same for x)
+var<workgroup> ws: array<i32, 2u * BUF>;
+var<workgroup> xs: array<i32, 2u * BUF>;
+
+// A thread's share of a K step: 8 EW weights of one row (decoded) and XV vec4s of x's digits.
+struct Stage {
+#unroll EW e
+    w$e: V8,
+#end
+#unroll XV e
+    x$e: vec4<u32>,
+#end
+}
+
+fn load_stage(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Stage {
+    var s: Stage;
+    let kk = step * 32u + (li % TPR) * 8u * {{EW}}u;
+    let blk = min(r_base + li / TPR, p.rows - 1u) * (p.k / QK) + kk / QK;
+#unroll EW e
+    s.w$e = dq8(blk, (kk % QK) / 8u + $eu);
+#end
+#unroll XV e
+    {
+        let i = li + $eu * WG;                 // [digit][token][half of the token's 32 bytes]
+        s.x$e = xq[(i / (2u * BN)) * (p.plane / 4u) + min(t_base + (i % (2u * BN)) / 2u, m - 1u) * (p.k / 16u)
+                   + step * 2u + i % 2u];
+    }
+#end
+    return s;
+}
+
+fn put4(o: u32, v: vec4<u32>, into_x: bool) {
+    if (into_x) {
+        xs[o] = i32(v.x); xs[o + 1u] = i32(v.y); xs[o + 2u] = i32(v.z); xs[o + 3u] = i32(v.w);
+    } else {
+        ws[o] = i32(v.x); ws[o + 1u] = i32(v.y); ws[o + 2u] = i32(v.z); ws[o + 3u] = i32(v.w);
+    }
+}
+
+fn store_stage(li: u32, buf: u32, s: Stage, inv: f32) {
+    let o = buf * BUF + (li / TPR) * RW + (li % TPR) * 2u * {{EW}}u;
+#unroll EW e
+    {
+        let d0 = digits(s.w$e.a, inv);         // (hi, lo) words of the run's first 4 weights
+        let d1 = digits(s.w$e.b, inv);
+        ws[o + $eu * 2u] = i32(d0.x);
+        ws[o + $eu * 2u + 1u] = i32(d1.x);
+        ws[o + BM * RW + $eu * 2u] = i32(d0.y);
+        ws[o + BM * RW + $eu * 2u + 1u] = i32(d1.y);
+    }
+#end
+#unroll XV e
+    {
+        let i = li + $eu * WG;
+        put4(buf * BUF + (i / (2u * BN)) * BN * RW + ((i % (2u * BN)) / 2u) * RW + (i % 2u) * 4u, s.x$e, true);
+    }
+#end
+}
+
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let m = st.n - first;
+    let r_base = wid.x * BM;
+    let t_base = wid.y * BN;
+    if (t_base >= m) { return; }             // the whole workgroup
+    let sg = li / 32u;
+    let r0 = (sg % 4u) * 32u;
+    let c0 = (sg / 4u) * 16u * NJ;
+    let mw = rw[min(r_base + li / TPR, p.rows - 1u)];
+    let inv = select(LIM / mw, 0.0, mw == 0.0);
+    let steps = p.k / 32u;
+#unroll 2 i
+#unroll NJ j
+    var h$i$j = CM();
+    var c$i$j = CM();
+#end
+#end
+    store_stage(li, 0u, load_stage(li, 0u, r_base, t_base, m), inv);
+    workgroupBarrier();
+    for (var s = 0u; s < steps; s++) {
+        let next = load_stage(li, min(s + 1u, steps - 1u), r_base, t_base, m);
+        let b0 = (s & 1u) * BUF * 4u;       // the buffer's first byte
+#unroll 2 i
+        let ah$i = subgroupMatrixLoad<LM>(&ws, b0 + (r0 + $i * 16u) * RS, false, RS);
+        let al$i = subgroupMatrixLoad<LM>(&ws, b0 + (BM + r0 + $i * 16u) * RS, false, RS);
+#end
+#unroll NJ j
+        let bh$j = subgroupMatrixLoad<RM>(&xs, b0 + (c0 + $j * 16u) * RS, true, RS);
+        let bl$j = subgroupMatrixLoad<RM>(&xs, b0 + (BN + c0 + $j * 16u) * RS, true, RS);
+#end
+#unroll 2 i
+#unroll NJ j
+        h$i$j = subgroupMatrixMultiplyAccumulate(ah$i, bh$j, h$i$j);
+        c$i$j = subgroupMatrixMultiplyAccumulate(ah$i, bl$j, c$i$j);
+        c$i$j = subgroupMatrixMultiplyAccumulate(al$i, bh$j, c$i$j);
+#end
+#end
+        if (s + 1u < steps) { store_stage(li, (s + 1u) & 1u, next, inv); }
+        workgroupBarrier();
+    }
+    // Each 16 x 16 pair of sums through workgroup memory (ws and xs; column-major: token n's 16 rows
+    // together), then lane l takes row l % 16 of tokens l / 16, l / 16 + 2, ..
+    let l = li % 32u;
+    let o = sg * 256u;
+#unroll 2 i
+#unroll NJ j
+    subgroupMatrixStore(&ws, o, h$i$j, true, 16u);
+    subgroupMatrixStore(&xs, o, c$i$j, true, 16u);
+    workgroupBarrier();
+    {
+        let row = r_base + r0 + $i * 16u + l % 16u;
+        let sw = rw[min(row, p.rows - 1u)] / LIM;
+        for (var e = 0u; e < 8u; e++) {
+            let n = l / 16u + 2u * e;
+            let t = t_base + c0 + $j * 16u + n;
+            let sum = 65536.0 * f32(ws[o + n * 16u + l % 16u]) + 256.0 * f32(xs[o + n * 16u + l % 16u]);
+            if (row < p.rows && t < m) {
+                write_y(t * p.y_stride + p.row0 + row, p.row0 + row, sw * xd[t] * sum);
+            }
+        }
+    }
+    workgroupBarrier();
+#end
+#end
+}
