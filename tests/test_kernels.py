@@ -264,16 +264,28 @@ def test_quantize_q8_fused_inputs(dev, fuse, k, n, run_):
             assert np.array_equal(a, b), f"{fuse} k={k} digits={digits}: {name} differ at {np.flatnonzero(a != b)[:5]}"
 
 
+TC_EMULATED_TYPES = ("Q4_0", "Q4_K", "Q6_K")      # blocks of 32 and 256, runs with mins and of 16
+
+
 @pytest.mark.parametrize("qtype", INT8_TYPES)
-def test_matmul_tensor_cores(dev, qtype):
-    """The prompt GEMM on int8 subgroup matrices (a GPU whose WebGPU offers them: Dawn's on NVIDIA): x and
-    W each on one 16-bit grid, within tc_error_bound of the exact product; partial tiles of rows and tokens,
-    the epilogue, rows from the state's first row and a weight in several bindings."""
-    if not dev.has_int8_matrix:
-        pytest.skip("no exact int8 subgroup matrices on this adapter")
+def test_matmul_tensor_cores(dev, qtype, monkeypatch):
+    """The prompt GEMM on int8 subgroup matrices (a GPU whose WebGPU offers them: Dawn's on NVIDIA), x and
+    W each on one 16-bit grid, within tc_error_bound of the exact product: partial tiles of rows and
+    tokens, the epilogue, rows from the state's first row, a weight in several bindings. Elsewhere the
+    matrix operations are emulated in plain WGSL (slow: three types, two stages of K or one block)."""
+    emulated = not dev.has_int8_matrix
+    if emulated and (qtype not in TC_EMULATED_TYPES or not dev.has_subgroups):
+        pytest.skip("emulated only for TC_EMULATED_TYPES, once")
+    monkeypatch.setattr(gemm, "TC_EMULATE", emulated)
+    if not gemm.tensor_cores(dev):
+        pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
     i = INT8_TYPES.index(qtype)
-    for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5, first=2), dict(max_binding="small")):
-        labels = check_matmul(dev, qtype, [200, 130][i % 2], 512, 300, 300, seed=i, int8=True, **feature)
+    rows, k, n = (130, max(64, QUANT_TYPES[qtype].block_elems), 130) if emulated else ([200, 130][i % 2], 512, 300)
+    features = [dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5, first=2)]
+    if not emulated or qtype == "Q4_0":
+        features.append(dict(max_binding="small"))
+    for feature in features:
+        labels = check_matmul(dev, qtype, rows, k, n, n, seed=i, int8=True, **feature)
         assert any(x.startswith("matmul_tc") for x in labels), labels
 
 

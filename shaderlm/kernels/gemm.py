@@ -169,12 +169,20 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
 TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup
 TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32 (256: 8 of 32 x 64)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
-TC_WORKGROUP_BYTES = 4 * 128 * 48   # its two buffers of both digits of W's and x's tiles
+TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
+
+
+def _tc_row_bytes() -> int:
+    """Bytes a staged row of 32 int8 in matmul_tc: 16 of padding keep ldmatrix off bank conflicts
+    (emulated, none: its tiles then fit 32 KiB, what CPU adapters offer)."""
+    return 32 if TC_EMULATE else 48
 
 
 def tensor_cores(dev) -> bool:
-    """Whether prompts' GEMMs run on matmul_tc: exact int8 subgroup matrices, and room for its tiles."""
-    return (dev.has_int8_matrix and dev.limit("max-compute-workgroup-storage-size", 0) >= TC_WORKGROUP_BYTES
+    """Whether prompts' GEMMs run on matmul_tc: exact int8 subgroup matrices (or TC_EMULATE), and room
+    for its tiles (two buffers of both digits of W's and x's)."""
+    return ((dev.has_int8_matrix or TC_EMULATE)
+            and dev.limit("max-compute-workgroup-storage-size", 0) >= 8 * 128 * _tc_row_bytes()
             and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
 
 
@@ -187,7 +195,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
                                 run=32, digits=True, **fused)
     wg = TC_THREADS
     pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate,
-                    WG=wg, NJ=8 * 128 // wg, EW=512 // wg, XV=512 // wg)
+                    WG=wg, NJ=8 * 128 // wg, EW=512 // wg, XV=512 // wg, RS=_tc_row_bytes(), EMULATE=TC_EMULATE)
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, 0)

@@ -9,9 +9,12 @@
 // (2 x NJ products of 16 x 16, three each a K step); K steps of 32, two workgroup buffers (the next
 // step's loads in flight while this one multiplies). Each weight is decoded (dq8) and rounded to its
 // digits as it is staged: a thread takes EW runs of 8 of a row, and XV vec4s of x's digits.
+// EMULATE (tests on adapters without subgroup matrices): the matrix operations in plain WGSL (below).
+#if !EMULATE
 enable subgroups;
 enable chromium_experimental_subgroup_matrix;
 diagnostic(off, chromium.subgroup_matrix_uniformity);
+#endif
 #include quant_common
 #include {{QUANT}}
 #include state
@@ -31,20 +34,62 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 @group(0) @binding(7) var<storage, read> bias: array<f32>;
 #endif
 
-alias LM = subgroup_matrix_left<i8, 32, 16>;
-alias RM = subgroup_matrix_right<i8, 16, 32>;
-alias CM = subgroup_matrix_result<i32, 16, 16>;
 const WG: u32 = {{WG}}u;
 const BM: u32 = 128u;
 const BN: u32 = 128u;
 const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
 const TPR: u32 = WG / BM;        // threads a row's 32 weights (2 or 4): EW runs of 8 each
-const RS: u32 = 48u;             // bytes a staged row of 32: 16 more keep a product's rows on distinct banks
+const RS: u32 = {{RS}}u;         // bytes a staged row of 32: 48, the 16 more keep a product's rows on distinct banks
 const RW: u32 = RS / 4u;
-// [buffer][digit][row][RW words] (48 KiB in all); after the loop they hold the subgroups' sums
+// [buffer][digit][row][RW words] (48 KiB in all, 32 with RS 32); after the loop, the subgroups' sums
 const BUF: u32 = 2u * BM * RW;   // words a buffer (BN = BM: the same for x)
 var<workgroup> ws: array<i32, 2u * BUF>;
 var<workgroup> xs: array<i32, 2u * BUF>;
+
+// The matrix operations: 16 x 32 int8 tiles of W (row-major) from ws and of x (a token's 32 bytes
+// together) from xs, offsets and strides in bytes; 16 x 16 i32 sums, stored column-major into ws / xs.
+#if EMULATE
+// Each of a subgroup's 32 invocations holds its share, as the hardware does: row lane % 16 of W's tile,
+// tokens 8 (lane / 16) .. + 8 of x's, and those 8 sums; the products by dot4I8Packed (slow).
+var<private> lane: u32;
+struct LM { r: array<u32, 8> }
+struct RM { c: array<u32, 64> }
+struct CM { v: array<i32, 8> }
+fn load_w(off: u32) -> LM {
+    var a: LM;
+    for (var i = 0u; i < 8u; i++) { a.r[i] = u32(ws[(off + (lane % 16u) * RS) / 4u + i]); }
+    return a;
+}
+fn load_x(off: u32) -> RM {
+    var b: RM;
+    for (var n = 0u; n < 8u; n++) {
+        for (var i = 0u; i < 8u; i++) { b.c[n * 8u + i] = u32(xs[(off + (8u * (lane / 16u) + n) * RS) / 4u + i]); }
+    }
+    return b;
+}
+fn mma(a: LM, b: RM, c: CM) -> CM {
+    var o = c;
+    for (var n = 0u; n < 8u; n++) {
+        for (var i = 0u; i < 8u; i++) { o.v[n] += dot4I8Packed(a.r[i], b.c[n * 8u + i]); }
+    }
+    return o;
+}
+fn store_w(o: u32, c: CM) {
+    for (var n = 0u; n < 8u; n++) { ws[o + (8u * (lane / 16u) + n) * 16u + lane % 16u] = c.v[n]; }
+}
+fn store_x(o: u32, c: CM) {
+    for (var n = 0u; n < 8u; n++) { xs[o + (8u * (lane / 16u) + n) * 16u + lane % 16u] = c.v[n]; }
+}
+#else
+alias LM = subgroup_matrix_left<i8, 32, 16>;
+alias RM = subgroup_matrix_right<i8, 16, 32>;
+alias CM = subgroup_matrix_result<i32, 16, 16>;
+fn load_w(off: u32) -> LM { return subgroupMatrixLoad<LM>(&ws, off, false, RS); }
+fn load_x(off: u32) -> RM { return subgroupMatrixLoad<RM>(&xs, off, true, RS); }
+fn mma(a: LM, b: RM, c: CM) -> CM { return subgroupMatrixMultiplyAccumulate(a, b, c); }
+fn store_w(o: u32, c: CM) { subgroupMatrixStore(&ws, o, c, true, 16u); }
+fn store_x(o: u32, c: CM) { subgroupMatrixStore(&xs, o, c, true, 16u); }
+#endif
 
 // A thread's share of a K step: 8 EW weights of one row (decoded) and XV vec4s of x's digits.
 struct Stage {
@@ -109,6 +154,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t_base = wid.y * BN;
     if (t_base >= m) { return; }             // the whole workgroup
     let sg = li / 32u;
+#if EMULATE
+    lane = li % 32u;
+#endif
     let r0 = (sg % 4u) * 32u;
     let c0 = (sg / 4u) * 16u * NJ;
     let mw = rw[min(r_base + li / TPR, p.rows - 1u)];
@@ -126,18 +174,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let next = load_stage(li, min(s + 1u, steps - 1u), r_base, t_base, m);
         let b0 = (s & 1u) * BUF * 4u;       // the buffer's first byte
 #unroll 2 i
-        let ah$i = subgroupMatrixLoad<LM>(&ws, b0 + (r0 + $i * 16u) * RS, false, RS);
-        let al$i = subgroupMatrixLoad<LM>(&ws, b0 + (BM + r0 + $i * 16u) * RS, false, RS);
+        let ah$i = load_w(b0 + (r0 + $i * 16u) * RS);
+        let al$i = load_w(b0 + (BM + r0 + $i * 16u) * RS);
 #end
 #unroll NJ j
-        let bh$j = subgroupMatrixLoad<RM>(&xs, b0 + (c0 + $j * 16u) * RS, true, RS);
-        let bl$j = subgroupMatrixLoad<RM>(&xs, b0 + (BN + c0 + $j * 16u) * RS, true, RS);
+        let bh$j = load_x(b0 + (c0 + $j * 16u) * RS);
+        let bl$j = load_x(b0 + (BN + c0 + $j * 16u) * RS);
 #end
 #unroll 2 i
 #unroll NJ j
-        h$i$j = subgroupMatrixMultiplyAccumulate(ah$i, bh$j, h$i$j);
-        c$i$j = subgroupMatrixMultiplyAccumulate(ah$i, bl$j, c$i$j);
-        c$i$j = subgroupMatrixMultiplyAccumulate(al$i, bh$j, c$i$j);
+        h$i$j = mma(ah$i, bh$j, h$i$j);
+        c$i$j = mma(ah$i, bl$j, c$i$j);
+        c$i$j = mma(al$i, bh$j, c$i$j);
 #end
 #end
         if (s + 1u < steps) { store_stage(li, (s + 1u) & 1u, next, inv); }
@@ -149,8 +197,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let o = sg * 256u;
 #unroll 2 i
 #unroll NJ j
-    subgroupMatrixStore(&ws, o, h$i$j, true, 16u);
-    subgroupMatrixStore(&xs, o, c$i$j, true, 16u);
+    store_w(o, h$i$j);
+    store_x(o, c$i$j);
     workgroupBarrier();
     {
         let row = r_base + r0 + $i * 16u + l % 16u;
