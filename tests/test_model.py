@@ -13,8 +13,8 @@ import pytest
 
 import shaderlm
 from shaderlm.errors import ContextFullError
-from shaderlm.gpu.device import Device
-from shaderlm.kernels import compiled
+from shaderlm.gpu.device import Device, get_device
+from shaderlm.kernels import compiled, gemm
 from shaderlm.options import Options
 
 from reference import reference_logits
@@ -84,6 +84,28 @@ def test_int8_prefill_logits(models, name):
     got = m.logits(ids)
     err = np.abs(got - ref).max() / np.abs(ref).max()
     assert err <= INT8_PREFILL_TOL, f"{name}: int8 prefill logits off by {err:.3g} of max |logit|"
+
+
+# The tensor-core GEMM (matmul_tc: x and W on 16-bit grids) is nearly exact (llama-Q4_1 0.04% of the
+# largest logit, as the f32 path): a tenth of the int8 tolerance, which int8 activations miss.
+TC_PREFILL_TOL = 0.004
+
+
+@pytest.mark.parametrize("name", ["llama-Q4_1"])        # one: emulated, it is slow
+def test_tensor_core_prefill_logits(synth_gguf, name, monkeypatch):
+    """A prompt through the tensor-core GEMM (its matrix operations emulated where the adapter has
+    none), the norm and the gated activation folded into its x pass, against the NumPy reference."""
+    monkeypatch.setattr(gemm, "TC_EMULATE", not get_device().has_int8_matrix)
+    path = synth_gguf(**CASES[name])
+    # passes of up to 128 tokens: the tensor-core GEMM's least (prompts are shorter: the tiles' clamps)
+    m = shaderlm.load(path, progress=False, ctx=gemm.TC_MIN_TOKENS, options=Options.from_env().replace(exact_prefill=False))
+    if not gemm.tensor_cores(m.device):
+        pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
+    assert any(d.label.startswith("matmul_tc") for d in m.net.plan_prefill[False].dispatches)
+    ids = _ids(m.config.vocab_size, 29, 0)
+    ref = reference_logits(path, ids)
+    err = np.abs(m.logits(ids) - ref).max() / np.abs(ref).max()
+    assert err <= TC_PREFILL_TOL, f"{name}: tensor-core prefill logits off by {err:.3g} of max |logit|"
 
 
 def test_chunked_prefill_equals_single_pass(models):
