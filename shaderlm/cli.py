@@ -211,6 +211,7 @@ def cmd_info(args):
     print(f"using: {d['device']} ({d['backend']}, {d['adapter_type']}) {d['description']}")
     print(f"features: {', '.join(d['features'])}")
     print(f"subgroup size: {d['subgroup_size'] or 'no subgroups'}")
+    print(f"int8 subgroup matrices (prompts on tensor cores): {'yes' if d['int8_matrix'] else 'no'}")
     for k, v in d["limits"].items():
         print(f"  {k}: {v}")
 
