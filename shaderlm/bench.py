@@ -98,7 +98,8 @@ def run(args):
         print(f"peak streaming read (WGSL, {dev.name}): {args.peak_gbs:.0f} GB/s")
         if not dev.is_cpu:          # minutes on a CPU adapter
             i8, f32 = (peak_gemm_tflops(dev, int8) for int8 in (True, False))
-            print(f"prefill GEMM (Q4_0 14336x4096, 512 tokens): int8 {i8:.1f} TFLOP/s, f32 {f32:.1f} TFLOP/s")
+            path = "tensor cores" if gemm.tensor_cores(dev) else "int8"
+            print(f"prefill GEMM (Q4_0 14336x4096, 512 tokens): {path} {i8:.1f} TFLOP/s, f32 {f32:.1f} TFLOP/s")
     depth, prompt, gen = max(args.d), max(args.p + [0]), max(args.n + [0])
     need = depth + prompt + gen + 8
     batches = args.batch_sizes or []
