@@ -116,7 +116,7 @@ def run(args):
         quant = model.metadata.get("general.file_type", "")
         peak = args.peak_gbs
         extra = {"int8_act": model.net.int8_act, "int8_prefill": model.net.int8_prefill,
-                 "tensor_cores": model.net.int8_prefill and gemm.tensor_cores(model.device)}
+                 "tensor_cores": any(d.label.startswith("matmul_tc") for d in model.net.plan_prefill[False].dispatches)}
         for d in args.d:
             at = f" @ d{d}" if d else ""
             for p in args.p:

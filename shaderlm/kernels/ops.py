@@ -13,7 +13,6 @@ from . import gemm, pipeline
 from .gemv import act_defines, gemv, wide_ok
 from .grid import ROW_WG, cdiv
 
-WG = ROW_WG          # threads per workgroup for the simple elementwise/row kernels
 
 
 @dataclass
@@ -37,6 +36,12 @@ class Paging:
         return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched else None, self.pages]
 
 
+def int8_gemm(w, *, tt: int, tiled: bool, int8: bool) -> bool:
+    """Whether matmul runs w as an int8 GEMM (gemm.matmul_q8): its x pass can fold in an RMSNorm before
+    it or the gated activation of [gate | up] rows (matmul's norm, glu_input)."""
+    return tt > 1 and tiled and w.cols % 32 == 0 and int8 and w.qtype.blocked
+
+
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None, glu_input=False,
            tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
@@ -55,7 +60,7 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     batch: a serving step's rows, each a token of its own sequence (the decode GEMV's batch)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
-        if int8 and w.qtype.blocked:
+        if int8_gemm(w, tt=tt, tiled=tiled, int8=int8):
             if glu:
                 raise ValueError("the tiled GEMM does not fuse the activation after a [gate; up] weight")
             fused = dict(norm=norm, eps=eps, glu_input=act_defines(gelu, act) if glu_input else None)
@@ -110,7 +115,7 @@ def moe_combine(dev, y, weights, x, st, *, dim: int, slots: int, ids=None, bias=
 
 
 def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False) -> Dispatch:
-    pipe = pipeline(dev, "rmsnorm", WG=WG)
+    pipe = pipeline(dev, "rmsnorm", WG=ROW_WG)
     bg = dev.bind_group(pipe, [dev.uniform(dim, int(from_state_row), float(eps), 0), st, x, w, y])
     return Dispatch(pipe, bg, lambda n: (n, 1), label="rmsnorm")
 
@@ -294,7 +299,7 @@ def head_norm(dev, qkv, q_w, k_w, st, *, n_heads: int, n_kv: int, head_dim: int,
 def add_rmsnorm(dev, y, w, x, st, *, dim: int, eps: float, next_w=None, xn=None) -> Dispatch:
     """x[t] += rmsnorm(y[t]) * w; with next_w, also xn[t] = rmsnorm(x[t]) * next_w (the next pre-norm)."""
     nxt = next_w is not None
-    pipe = pipeline(dev, "add_rmsnorm", WG=WG, NEXT=nxt)
+    pipe = pipeline(dev, "add_rmsnorm", WG=ROW_WG, NEXT=nxt)
     res = [dev.uniform(dim, 0, float(eps), 0), st, y, w, x] + ([next_w, xn] if nxt else [])
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="add_rmsnorm")
 

@@ -384,8 +384,8 @@ class Transformer:
         """Whether the plan being built runs the matmuls over `ws` as int8 GEMMs: their x pass
         (gemm.quantize_q8) can then fold in the RMSNorm before them or the activation after gate/up."""
         b = self.b
-        return self.int8_prefill and (b.gemm or (b.tt > 1 and b.tiled)) and \
-            all(w.qtype.blocked and w.cols % 32 == 0 for w in ws)
+        tt, tiled = (b.batch, True) if b.gemm else (b.tt, b.tiled)      # as self.matmul passes them
+        return all(ops.int8_gemm(w, tt=tt, tiled=tiled, int8=self.int8_prefill) for w in ws)
 
     def norm_input(self, i: int, block: str, fused: bool, out: list):
         """Hook: the input of layer i's `block` ("attn" or "ffn") and the norm kwargs its matmuls take:
