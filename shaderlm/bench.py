@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from .engine.generate import Sampling
-from .kernels import gemm
 from .errors import ContextFullError, ShaderLMError
+from .kernels import gemm
 from .models import PREFILL_CHUNK
 
 
