@@ -44,6 +44,8 @@ async def one(client, model, i, n, temperature, logprobs):
     ok = finish in ("stop", "length") and usage is not None and usage.completion_tokens > 0 \
         and (not logprobs or len(stamps) == usage.completion_tokens)
     return dict(ok=ok, ttft=(stamps[0] - t0) if stamps else float("nan"),
+                decode_tps=(len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0]
+                else float("nan"),
                 itl=[b - a for a, b in zip(stamps, stamps[1:])], tokens=usage.completion_tokens if usage else 0,
                 finish=f"{finish}, {len(stamps)} tokens streamed, usage {usage.completion_tokens if usage else None}")
 
@@ -59,7 +61,8 @@ async def main(args):
             try:
                 return await one(client, model, i, args.n, args.temperature, args.logprobs)
             except Exception as e:  # noqa: BLE001 - counted as a failure, reported below
-                return dict(ok=False, ttft=float("nan"), itl=[], tokens=0, finish=f"{type(e).__name__}: {e}")
+                return dict(ok=False, ttft=float("nan"), decode_tps=float("nan"), itl=[], tokens=0,
+                            finish=f"{type(e).__name__}: {e}")
 
     t0 = time.perf_counter()
     results = await asyncio.gather(*[bounded(i) for i in range(args.requests)])
@@ -76,6 +79,9 @@ async def main(args):
           f"p99 {1e3 * pct(ttft, 99):.1f}  max {1e3 * max(ttft, default=float('nan')):.1f}")
     print(f"inter-token ms: p50 {1e3 * pct(itl, 50):.2f}  p99 {1e3 * pct(itl, 99):.2f}  "
           f"mean {1e3 * statistics.fmean(itl) if itl else float('nan'):.2f}")
+    # a stream's decode speed: its streamed tokens after the first over the time between first and last
+    rate = [r["decode_tps"] for r in results if r["ok"]]
+    print(f"decode tok/s a stream: p50 {pct(rate, 50):.1f}  min {min(rate, default=float('nan')):.1f}")
     return 1 if failed else 0
 
 

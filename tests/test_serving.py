@@ -169,6 +169,26 @@ def test_engine_continuous_batching_and_stops(engine):
     _settled(engine)
 
 
+def test_engine_with_three_batches_in_flight(synth_gguf, engine):
+    """An engine that keeps three decode batches queued on the GPU (batches_in_flight=3: a sequence may
+    run three batches past its end) gives each sequence the tokens it gets alone, and frees every page."""
+    from shaderlm.engine.scheduler import Engine
+    m = engine.model
+    e = Engine(m.path, parallel=4, ctx=160, queue_size=12, progress=False, batches_in_flight=3)
+    queued, submit = [], e.runner.submit
+    e.runner.submit = lambda b: (queued.append(len(e.in_flight)), submit(b))
+    try:
+        prompts = [random_ids(m.config.vocab_size, n, 20 + n) for n in (4, 30, 9, 17, 25)]
+        want = [m.generate_tokens(p, 30 + i, stop_at_eos=False) for i, p in enumerate(prompts)]
+        streams = [e.submit(Request(p, max_tokens=30 + i, stop_at_eos=False)) for i, p in enumerate(prompts)]
+        for s, w in zip(streams, want):
+            assert [t for ev in s for t in ev.token_ids] == w
+        assert max(queued) == 2, queued          # a third batch was submitted behind two
+        _settled(e)
+    finally:
+        e.close()
+
+
 def test_decode_batches_ramp_up_from_an_idle_gpu(engine, monkeypatch):
     """From an idle engine a sequence's decode batches take 1, 2, 4, .. steps up to tokens_per_submit
     (the first tokens stream sooner), and its tokens are those it gets alone."""
@@ -272,21 +292,33 @@ def test_fault_while_prompts_join_a_step_fails_all_of_them(engine, monkeypatch):
 
 
 def test_logprobs(engine):
-    """Each token's logprob and its top 3 against a softmax of the model's logits (NumPy)."""
+    """Each token's logprob and its top n against a softmax of the model's logits (NumPy): a request
+    alone asking for none of the most likely tokens, then one asking for 3 in the same batches as one
+    asking for none (a batch computes the most its requests ask for); more than the rows hold is refused."""
     m = engine.model
-    p = random_ids(m.config.vocab_size, 9, 3)
-    events = list(engine.submit(Request(p, max_tokens=5, stop_at_eos=False, logprobs=3)))
-    toks = [t for ev in events for t in ev.token_ids]
-    lps = [lp for ev in events for lp in ev.logprobs]
-    ref = m.logits(p + toks).astype(np.float64)
-    ref = ref - ref.max(1, keepdims=True)
-    ref -= np.log(np.exp(ref).sum(1, keepdims=True))
-    assert len(lps) == len(toks) == 5
-    for j, (t, lp) in enumerate(zip(toks, lps)):
-        row = ref[len(p) - 1 + j]
-        assert lp.token == t and abs(lp.logprob - row[t]) < 1e-3
-        assert [i for i, _ in lp.top] == np.argsort(-row, kind="stable")[:3].tolist()
-        assert np.allclose([v for _, v in lp.top], np.sort(row)[::-1][:3], atol=1e-3)
+
+    def check(p, stream, top):
+        events = list(stream)
+        toks = [t for ev in events for t in ev.token_ids]
+        lps = [lp for ev in events for lp in ev.logprobs]
+        ref = m.logits(p + toks).astype(np.float64)
+        ref = ref - ref.max(1, keepdims=True)
+        ref -= np.log(np.exp(ref).sum(1, keepdims=True))
+        assert len(lps) == len(toks) == 5
+        for j, (t, lp) in enumerate(zip(toks, lps)):
+            row = ref[len(p) - 1 + j]
+            assert lp.token == t and abs(lp.logprob - row[t]) < 1e-3
+            assert [i for i, _ in lp.top] == np.argsort(-row, kind="stable")[:top].tolist()
+            assert np.allclose([v for _, v in lp.top], np.sort(row)[::-1][:top], atol=1e-3)
+
+    prompts = [random_ids(m.config.vocab_size, n, 3 + n) for n in (9, 14)]
+    check(prompts[0], engine.submit(Request(prompts[0], max_tokens=5, stop_at_eos=False, logprobs=0)), 0)
+    streams = [engine.submit(Request(p, max_tokens=5, stop_at_eos=False, logprobs=top)) for p, top in zip(prompts, (3, 0))]
+    for p, s, top in zip(prompts, streams, (3, 0)):
+        check(p, s, top)
+    with pytest.raises(ValueError, match="logprobs 21"):
+        engine.submit(Request(prompts[0], max_tokens=5, logprobs=engine.runner.max_top_logprobs + 1))
+    _settled(engine)
 
 
 def test_openai_client_against_the_engine(engine, capsys):
@@ -367,6 +399,8 @@ def test_load_script(engine):
                             "--logprobs"], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "completed 8, failed 0" in r.stdout and "TTFT ms (8 requests" in r.stdout, r.stdout
+    rate = float(r.stdout.split("decode tok/s a stream: p50 ")[1].split()[0])
+    assert rate > 0, r.stdout
     _settled(engine)
 
 

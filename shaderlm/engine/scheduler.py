@@ -128,7 +128,8 @@ class Engine:
 
     def __init__(self, path=None, *, options: Options | None = None, parallel: int = 8, ctx: int = 4096,
                  kv_pages: int | None = None, queue_size: int = 64, tokens_per_submit: int = 8,
-                 prefill_chunk: int = 256, page: int = 16, progress: bool = True, quantize=None, log=None):
+                 prefill_chunk: int = 256, page: int = 16, progress: bool = True, quantize=None, log=None,
+                 batches_in_flight: int = 2):
         self.model = Model(path, options=options, ctx=max(prefill_chunk, 64), batch=prefill_chunk,
                            tokens_per_submit=tokens_per_submit, progress=progress, quantize=quantize)
         net = self.model.net
@@ -136,8 +137,11 @@ class Engine:
         self.model_name = os.path.basename(os.path.normpath(self.model.path))
         self.ctx = min(ctx, net.context_length)
         self.parallel = parallel
+        # decode batches kept queued on the GPU; a sequence may run that many past its end
+        self.depth = max(1, batches_in_flight)
         self.runner = Serving(net, slots=parallel, seq_ctx=self.ctx, pages=kv_pages, page=page,
-                              steps_ahead=2 * tokens_per_submit, tokens_per_submit=tokens_per_submit)
+                              steps_ahead=self.depth * tokens_per_submit, tokens_per_submit=tokens_per_submit,
+                              in_flight=self.depth)
         self.pool = PagePool(self.runner.n_pages, page)
         self.chunk = prefill_chunk
         self.k = tokens_per_submit
@@ -175,6 +179,9 @@ class Engine:
                                    f"(prompt and completion)")
         if request.max_tokens < 1:
             raise ValueError("max_tokens must be at least 1")
+        if request.logprobs is not None and not 0 <= request.logprobs <= self.runner.max_top_logprobs:
+            raise ValueError(f"logprobs {request.logprobs}: the most likely tokens given are 0 to "
+                             f"{self.runner.max_top_logprobs}")
         seq = Sequence(id=f"seq-{next(_ids)}", request=request, prompt=prompt,
                        max_tokens=min(request.max_tokens, self.ctx - len(prompt)), t_submit=time.perf_counter())
         seq.stream = Stream(self, seq)
@@ -250,7 +257,7 @@ class Engine:
         while self.waiting and self.free_slots:
             seq = self.waiting[0]
             cached = self.pool.match(seq.prompt)
-            need = self._pages_for(len(seq.prompt) + seq.max_tokens + 2 * self.k) - len(cached)
+            need = self._pages_for(len(seq.prompt) + seq.max_tokens + self.depth * self.k) - len(cached)
             if not self.pool.reserve(need):
                 self.pool.release(cached)
                 break
@@ -289,7 +296,7 @@ class Engine:
                 self._ensure_pages(seq, len(seq.prompt) + 1)
             end = min(len(seq.prompt), seq.prefilled + budget)
             r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
-                      logprobs=seq.request.logprobs is not None)
+                      logprobs=seq.request.logprobs)
             budget -= end - seq.prefilled
             seq.prefilled = end
             if end == len(seq.prompt):
@@ -306,8 +313,8 @@ class Engine:
                 self.running.append(seq)
             else:
                 self._end(seq, seq.finish)
-        # keep two decode batches queued (one, while a prompt waits for its next chunk)
-        while len(self.in_flight) < (1 if self.prefilling else 2):
+        # keep `depth` decode batches queued (one, while a prompt waits for its next chunk)
+        while len(self.in_flight) < (1 if self.prefilling else self.depth):
             for s in [s for s in self.running if s.finish is not None or s.cancelled]:
                 self.running.remove(s)
                 self.draining.append(s)
@@ -323,8 +330,8 @@ class Engine:
             for s in live:
                 self._ensure_pages(s, s.pos + k)
             positions = [s.pos for s in live]
-            batch = r.record([s.slot for s in live], positions, k,
-                             logprobs=any(s.request.logprobs is not None for s in live))
+            tops = [s.request.logprobs for s in live if s.request.logprobs is not None]
+            batch = r.record([s.slot for s in live], positions, k, logprobs=max(tops) if tops else None)
             r.submit(batch)
             for s in live:
                 s.pos += k

@@ -2,13 +2,14 @@
 // sampler, for batch row b (its sequence in slot s), the log-probability of the token just sampled
 // and the TOPN most likely tokens with theirs, of the model's distribution (temperature 1), into
 // slot s's stretch of `out` at the new token's position: 1 + 2 * TOPN floats (ids as float bits),
-// most likely first, lowest id first on ties. One workgroup per row.
+// most likely first, lowest id first on ties; only the first p.top pairs are written (each is a pass
+// over the logits: a batch computes the most its requests ask for). One workgroup per row.
 #include reduce
 
 const HIST: u32 = {{HIST}}u;
 const TOPN: u32 = {{TOPN}}u;
 #include batch_rows
-struct P { vocab: u32, n4: u32, _a: u32, _b: u32 }     // n4: vec4s a logits row
+struct P { vocab: u32, n4: u32, top: u32, _b: u32 }    // n4: vec4s a logits row; top: pairs to write (<= TOPN)
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(2) var<storage, read> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> tokens: array<u32>;
@@ -27,18 +28,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let s = rows[wid.x];
     if (s == NONE) { return; }
     let base = wid.x * p.n4;
-    var m = -3.4e38;
+    // log-sum-exp in one pass: each thread's running max and its sum rescaled to it
+    var mt = -3.4e38;
+    var et = 0.0;
     for (var j = li; j < p.n4; j += WG) {
         let v = logits[base + j];
-        for (var c = 0u; c < 4u; c++) { if (4u * j + c < p.vocab) { m = max(m, v[c]); } }
+        for (var c = 0u; c < 4u; c++) {
+            if (4u * j + c < p.vocab) {
+                let mn = max(mt, v[c]);
+                et = et * exp(mt - mn) + exp(v[c] - mn);
+                mt = mn;
+            }
+        }
     }
-    m = wg_max(m);
-    var e = 0.0;
-    for (var j = li; j < p.n4; j += WG) {
-        let v = logits[base + j];
-        for (var c = 0u; c < 4u; c++) { if (4u * j + c < p.vocab) { e += exp(v[c] - m); } }
-    }
-    let lse = m + log(wg_sum(e));
+    let m = wg_max(mt);
+    let lse = m + log(wg_sum(et * exp(mt - m)));
     let pos = seq_pos[s];
     let o = (s * HIST + pos) * (1u + 2u * TOPN);
     if (li == 0u) {
@@ -48,7 +52,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // the TOPN best, one at a time: each the best that ranks after the last one found
     var pv = 3.4e38;
     var pi = 0u;
-    for (var n = 0u; n < TOPN; n++) {
+    for (var n = 0u; n < min(p.top, TOPN); n++) {
         var bv = -3.4e38;
         var bi = NONE;
         for (var j = li; j < p.n4; j += WG) {

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..gpu.plan import Dispatch
 from . import gemm, pipeline
 from .gemv import act_defines, gemv, wide_ok
@@ -274,12 +276,25 @@ def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, bat
 TOPN = 20           # the most likely tokens a logprobs request may ask for (OpenAI's top_logprobs limit)
 
 
-def logprobs(dev, logits, tokens, out, *, vocab: int, paging: Paging, batch: int) -> Dispatch:
+def logprobs_params(dev, vocab: int):
+    """logprobs' uniform (vocab, vec4s a row, top, 0): write_logprobs_top sets top before each submit."""
+    return dev.uniform(vocab, cdiv(vocab, 4), TOPN, 0, label="logprobs params")
+
+
+def write_logprobs_top(dev, params, top: int):
+    """How many of the most likely tokens the next submitted logprobs passes write (each is a pass over
+    the logits): the most any of their rows' requests asks for."""
+    if not 0 <= top <= TOPN:
+        raise ValueError(f"top_logprobs {top} outside 0..{TOPN}")
+    dev.write(params, np.array([top], np.uint32), offset=8)
+
+
+def logprobs(dev, logits, tokens, out, params, *, paging: Paging, batch: int) -> Dispatch:
     """For each of `batch` rows (after the batched sampler), the sampled token's log-probability
-    and the TOPN most likely tokens' into `out` at slot and position (kernels/logprobs.wgsl)."""
+    and the most likely tokens' (as many as `params` says: logprobs_params) into `out` at slot and
+    position (kernels/logprobs.wgsl)."""
     pipe = pipeline(dev, "logprobs", WG=256, HIST=paging.hist, TOPN=TOPN)
-    res = [dev.uniform(vocab, cdiv(vocab, 4), 0, 0), None, logits, tokens, out] + [None] * 5 + \
-        [paging.rows, paging.seq_pos]
+    res = [params, None, logits, tokens, out] + [None] * 5 + [paging.rows, paging.seq_pos]
     return Dispatch(pipe, dev.bind_group(pipe, res), (batch, 1, 1), label="logprobs")
 
 
