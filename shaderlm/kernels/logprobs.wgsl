@@ -49,7 +49,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let t = tokens[s * HIST + pos];
         out[o] = logits[base + t / 4u][t % 4u] - lse;
     }
-    // the TOPN best, one at a time: each the best that ranks after the last one found
+    // the p.top best, one at a time: each the best that ranks after the last one found
     var pv = 3.4e38;
     var pi = 0u;
     for (var n = 0u; n < min(p.top, TOPN); n++) {
