@@ -292,11 +292,11 @@ class Engine:
             if seq.prefilled == seq.cached:
                 req = seq.request
                 seed = req.seed if req.seed is not None else random.randrange(1 << 32)
-                r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed)
+                r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed, req.logprobs or 0)
                 self._ensure_pages(seq, len(seq.prompt) + 1)
             end = min(len(seq.prompt), seq.prefilled + budget)
             r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
-                      logprobs=seq.request.logprobs)
+                      logprobs=seq.request.logprobs is not None)
             budget -= end - seq.prefilled
             seq.prefilled = end
             if end == len(seq.prompt):
@@ -330,8 +330,8 @@ class Engine:
             for s in live:
                 self._ensure_pages(s, s.pos + k)
             positions = [s.pos for s in live]
-            tops = [s.request.logprobs for s in live if s.request.logprobs is not None]
-            batch = r.record([s.slot for s in live], positions, k, logprobs=max(tops) if tops else None)
+            batch = r.record([s.slot for s in live], positions, k,
+                             logprobs=any(s.request.logprobs is not None for s in live))
             r.submit(batch)
             for s in live:
                 s.pos += k

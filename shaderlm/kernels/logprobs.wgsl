@@ -2,15 +2,17 @@
 // sampler, for batch row b (its sequence in slot s), the log-probability of the token just sampled
 // and the TOPN most likely tokens with theirs, of the model's distribution (temperature 1), into
 // slot s's stretch of `out` at the new token's position: 1 + 2 * TOPN floats (ids as float bits),
-// most likely first, lowest id first on ties; only the first p.top pairs are written (each is a pass
-// over the logits: a batch computes the most its requests ask for). One workgroup per row.
+// most likely first, lowest id first on ties; only the first top_logprobs of the slot's settings are
+// written (each is a pass over the logits). One workgroup per row.
 #include reduce
+#include sampling
 
 const HIST: u32 = {{HIST}}u;
 const TOPN: u32 = {{TOPN}}u;
 #include batch_rows
-struct P { vocab: u32, n4: u32, top: u32, _b: u32 }    // n4: vec4s a logits row; top: pairs to write (<= TOPN)
+struct P { vocab: u32, n4: u32, _a: u32, _b: u32 }     // n4: vec4s a logits row
 @group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(1) var<storage, read> settings: array<Sampling>;     // per slot
 @group(0) @binding(2) var<storage, read> logits: array<vec4<f32>>;
 @group(0) @binding(3) var<storage, read> tokens: array<u32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
@@ -18,6 +20,7 @@ struct P { vocab: u32, n4: u32, top: u32, _b: u32 }    // n4: vec4s a logits row
 const WG: u32 = {{WG}}u;
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
+var<workgroup> wg_top: u32;
 
 // (v, i) comes before (w, j) in the ranking: larger value, then lower id
 fn before(v: f32, i: u32, w: f32, j: u32) -> bool { return v > w || (v == w && i < j); }
@@ -49,10 +52,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let t = tokens[s * HIST + pos];
         out[o] = logits[base + t / 4u][t % 4u] - lse;
     }
-    // the p.top best, one at a time: each the best that ranks after the last one found
+    // the slot's top_logprobs best, one at a time: each the best that ranks after the last one found
+    if (li == 0u) { wg_top = settings[s].top_logprobs; }
+    let top = min(workgroupUniformLoad(&wg_top), TOPN);
     var pv = 3.4e38;
     var pi = 0u;
-    for (var n = 0u; n < min(p.top, TOPN); n++) {
+    for (var n = 0u; n < top; n++) {
         var bv = -3.4e38;
         var bi = NONE;
         for (var j = li; j < p.n4; j += WG) {

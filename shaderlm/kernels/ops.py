@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
-
 from ..gpu.plan import Dispatch
 from . import gemm, pipeline
 from .gemv import act_defines, gemv, wide_ok
@@ -276,30 +274,22 @@ def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, bat
 TOPN = 20           # the most likely tokens a logprobs request may ask for (OpenAI's top_logprobs limit)
 
 
-def logprobs_params(dev, vocab: int):
-    """logprobs' uniform (vocab, vec4s a row, top, 0): write_logprobs_top sets top before each submit."""
-    return dev.uniform(vocab, cdiv(vocab, 4), TOPN, 0, label="logprobs params")
-
-
-def write_logprobs_top(dev, params, top: int):
-    """How many of the most likely tokens the next submitted logprobs passes write (each is a pass over
-    the logits): the most any of their rows' requests asks for."""
-    if not 0 <= top <= TOPN:
-        raise ValueError(f"top_logprobs {top} outside 0..{TOPN}")
-    dev.write(params, np.array([top], np.uint32), offset=8)
-
-
-def logprobs(dev, logits, tokens, out, params, *, paging: Paging, batch: int) -> Dispatch:
+def logprobs(dev, logits, tokens, out, params, *, vocab: int, paging: Paging, batch: int) -> Dispatch:
     """For each of `batch` rows (after the batched sampler), the sampled token's log-probability
-    and the most likely tokens' (as many as `params` says: logprobs_params) into `out` at slot and
-    position (kernels/logprobs.wgsl)."""
+    and the most likely tokens' (as many as its slot's entry of `params`, the sampler's per-slot
+    sample_params, says) into `out` at slot and position (kernels/logprobs.wgsl)."""
     pipe = pipeline(dev, "logprobs", WG=256, HIST=paging.hist, TOPN=TOPN)
-    res = [params, None, logits, tokens, out] + [None] * 5 + [paging.rows, paging.seq_pos]
+    res = [dev.uniform(vocab, cdiv(vocab, 4), 0, 0), params, logits, tokens, out] + [None] * 5 + \
+        [paging.rows, paging.seq_pos]
     return Dispatch(pipe, dev.bind_group(pipe, res), (batch, 1, 1), label="logprobs")
 
 
-def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0) -> tuple:
-    return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, 0, 0, 0)
+def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0, top_logprobs=0) -> tuple:
+    """A sequence's settings (kernels/sampling.wgsl): the sampler's, and how many of the most likely
+    tokens its logprobs rows give (each is a pass over the logits)."""
+    if not 0 <= top_logprobs <= TOPN:
+        raise ValueError(f"top_logprobs {top_logprobs} outside 0..{TOPN}")
+    return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, int(top_logprobs), 0, 0)
 
 
 # ---- per-head norms, post-norms, softcaps --------------------------------------------------------

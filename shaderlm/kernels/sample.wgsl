@@ -18,17 +18,17 @@
 #include reduce
 #include state
 
-struct P { vocab: u32, top_k: u32, temperature: f32, top_p: f32, seed: u32, _a: u32, _b: u32, _c: u32 }
+#include sampling
 #if BATCH
 const HIST: u32 = {{HIST}}u;
 const NONE: u32 = 0xFFFFFFFFu;
-@group(0) @binding(0) var<storage, read> params: array<P>;     // per slot
+@group(0) @binding(0) var<storage, read> params: array<Sampling>;     // per slot
 @group(0) @binding(10) var<storage, read> rows: array<u32>;
 @group(0) @binding(11) var<storage, read_write> seq_pos: array<u32>;
-var<private> p: P;
+var<private> p: Sampling;
 var<private> row_base: u32;          // logits row b's first vec4
 #else
-@group(0) @binding(0) var<uniform> p: P;
+@group(0) @binding(0) var<uniform> p: Sampling;
 @group(0) @binding(1) var<storage, read_write> st: State;
 const row_base = 0u;
 #endif

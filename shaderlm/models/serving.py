@@ -98,7 +98,7 @@ class Serving:
         self.prefill_state = dev.buffer(32, STORAGE, "prefill state")
         self.max_top_logprobs = ops.TOPN                       # most likely tokens a logprobs row holds
         self.lp_width = 1 + 2 * ops.TOPN                       # floats of logprobs a token
-        self.lp = self.lp_params = None                        # made when a request first asks for logprobs
+        self.lp = None                                         # made when a request first asks for logprobs
         self._states: dict = {}
         self._decode: dict = {}
         # a batch's tokens, then (where it computes them) their logprobs rows
@@ -147,8 +147,7 @@ class Serving:
         """The logprobs dispatch after a sampler of `rows` rows (its buffer made on first use)."""
         if self.lp is None:
             self.lp = self.dev.buffer(4 * self.slots * self.hist * self.lp_width, label="slot logprobs")
-            self.lp_params = ops.logprobs_params(self.dev, self.net.args.vocab_size)
-        return ops.logprobs(self.dev, self.logits, self.tokens, self.lp, self.lp_params,
+        return ops.logprobs(self.dev, self.logits, self.tokens, self.lp, self.params, vocab=self.net.args.vocab_size,
                             paging=paging, batch=rows)
 
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
@@ -186,14 +185,15 @@ class Serving:
             raise ValueError(f"slot {slot}'s own pages end past the pool's {self.n_pages}")
         self.set_pages(slot, list(range(slot * self.max_pages, (slot + 1) * self.max_pages)))
 
-    def set_sampling(self, slot: int, temperature=0.0, top_k=0, top_p=1.0, seed=0):
-        vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed)
+    def set_sampling(self, slot: int, temperature=0.0, top_k=0, top_p=1.0, seed=0, top_logprobs=0):
+        """Slot `slot`'s sampler settings, and how many of the most likely tokens its logprobs rows give."""
+        vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed, top_logprobs)
         self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
 
-    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: int | None = None):
+    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False):
         """Feed `ids` at positions pos0.. of slot `slot` in chunks of the model's prefill batch, the
-        last sampling the token at pos0 + len(ids) where `sample` (and, where `logprobs` is not None, its
-        log-probability and those of the `logprobs` most likely tokens). Returns the submits it took."""
+        last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked).
+        Returns the submits it took."""
         dev = self.dev
         base = slot * self.hist
         dev.write(self.tokens, np.asarray(ids, np.uint32), offset=4 * (base + pos0))
@@ -206,10 +206,9 @@ class Serving:
             if last:
                 dev.write(self.prefill_row, np.array([slot, 0, 0, 0], np.uint32))
                 dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
-            if last and logprobs is not None:
+            if last and logprobs:
                 if self._prefill_lp is None:
                     self._prefill_lp = Plan(dev, self.plan_prefill_sample.dispatches + [self._logprobs(self._one_row, 1)])
-                ops.write_logprobs_top(dev, self.lp_params, logprobs)
                 self._prefill_lp.run(n)
             else:
                 (self.plan_prefill_sample if last else self.plan_prefill).run(n)
@@ -231,32 +230,28 @@ class Serving:
                                             size=4 * n * w).reshape(n, w), top)
 
     # ---- decode batches -------------------------------------------------------------------------
-    def record(self, slots: list[int], positions: list[int], k: int, logprobs: int | None = None):
+    def record(self, slots: list[int], positions: list[int], k: int, logprobs: bool = False):
         """A recorded batch of k decode steps for the sequences in `slots` (at `positions`: the token
-        each feeds next), their new tokens copied to the next readback buffer (where `logprobs` is not
-        None, their logprobs rows too, with the `logprobs` most likely tokens: batch_logprobs reads them).
-        Submit it before recording another."""
+        each feeds next), their new tokens copied to the next readback buffer (with `logprobs`, their
+        logprobs rows too, as many likely tokens as each slot's settings say: batch_logprobs reads them)."""
         if not 0 < k <= self.k_max:
             raise ValueError(f"{k} steps a batch, outside 1..{self.k_max}")
         rows = bucket(len(slots))
-        plan = self.decode_plan(rows, logprobs is not None)
-        if logprobs is not None:
-            ops.write_logprobs_top(self.dev, self.lp_params, logprobs)
+        plan = self.decode_plan(rows, logprobs)
         self._slot = (self._slot + 1) % len(self._staging)
         staging = self._staging[self._slot]
         self.dev.write(self.rows, np.array(list(slots) + [NONE] * (rows - len(slots)), np.uint32))
 
         w, lp0 = self.lp_width, 4 * len(slots) * k        # logprobs rows after the tokens
-        with_lp = logprobs is not None
 
         def copies(enc):
             for i, (s, p) in enumerate(zip(slots, positions)):
                 enc.copy_buffer_to_buffer(self.tokens, 4 * (s * self.hist + p + 1), staging, 4 * i * k, 4 * k)
-                if with_lp:
+                if logprobs:
                     enc.copy_buffer_to_buffer(self.lp, 4 * (s * self.hist + p + 1) * w, staging,
                                               lp0 + 4 * i * k * w, 4 * k * w)
         return SimpleNamespace(cb=plan.record(rows, repeat=k, then=copies), staging=staging, n=len(slots), k=k,
-                               logprobs=with_lp, lp_rows=None, index=None)
+                               logprobs=logprobs, lp_rows=None, index=None)
 
     def submit(self, batch):
         batch.index = self.dev.submit([batch.cb])
