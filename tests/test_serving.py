@@ -169,7 +169,7 @@ def test_engine_continuous_batching_and_stops(engine):
     _settled(engine)
 
 
-def test_engine_with_three_batches_in_flight(synth_gguf, engine):
+def test_engine_with_three_batches_in_flight(engine):
     """An engine that keeps three decode batches queued on the GPU (batches_in_flight=3: a sequence may
     run three batches past its end) gives each sequence the tokens it gets alone, and frees every page."""
     from shaderlm.engine.scheduler import Engine
@@ -294,7 +294,7 @@ def test_fault_while_prompts_join_a_step_fails_all_of_them(engine, monkeypatch):
 def test_logprobs(engine):
     """Each token's logprob and its top n against a softmax of the model's logits (NumPy): a request
     alone asking for none of the most likely tokens, then one asking for 3 in the same batches as one
-    asking for none (a batch computes the most its requests ask for); more than the rows hold is refused."""
+    asking for none (each row gives as many as its own request asks for); more than the rows hold is refused."""
     m = engine.model
 
     def check(p, stream, top):
