@@ -47,6 +47,7 @@ async def one(client, model, i, n, temperature, logprobs):
                 decode_tps=(len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 and stamps[-1] > stamps[0]
                 else float("nan"),
                 itl=[b - a for a, b in zip(stamps, stamps[1:])], tokens=usage.completion_tokens if usage else 0,
+                prompt_tokens=usage.prompt_tokens if usage else 0,
                 finish=f"{finish}, {len(stamps)} tokens streamed, usage {usage.completion_tokens if usage else None}")
 
 
@@ -80,8 +81,11 @@ async def main(args):
     print(f"inter-token ms: p50 {1e3 * pct(itl, 50):.2f}  p99 {1e3 * pct(itl, 99):.2f}  "
           f"mean {1e3 * statistics.fmean(itl) if itl else float('nan'):.2f}")
     # a stream's decode speed: its streamed tokens after the first over the time between first and last
+    # (after a prompt of this many tokens: compare with `shaderlm bench -d` at that depth too)
     rate = [r["decode_tps"] for r in results if r["ok"]]
-    print(f"decode tok/s a stream: p50 {pct(rate, 50):.1f}  min {min(rate, default=float('nan')):.1f}")
+    prompts = [r["prompt_tokens"] for r in results if r["ok"]]
+    print(f"decode tok/s a stream: p50 {pct(rate, 50):.1f}  min {min(rate, default=float('nan')):.1f}  "
+          f"(prompts of {pct(prompts, 50):.0f} tokens, p50)")
     return 1 if failed else 0
 
 

@@ -22,6 +22,8 @@ Tolerances (worst measured error / tolerance on lavapipe in brackets; failures p
               one submit each; deterministic, so it cannot flake): every token's empirical frequency
               within 4.5 sigma + 0.01 of the restricted, renormalized softmax (sigma = sqrt(p(1-p)/200))
               and a chi-square (cells with >= 5 expected) below dof + 8 sqrt(2 dof) + 10.
+  logprobs    the most likely ids exact (value, then lowest id); log-probabilities within 1e-4 of float64's
+              (f32 exp and sum over 40,001 logits).
 """
 from __future__ import annotations
 
@@ -1086,6 +1088,60 @@ def test_sample_topk_large_vocab(dev):
              "topk6 topp0.9 all negative": (logits - 30, 0.7, 6, 0.9)}
     for i, (case, (lg, T, k, p)) in enumerate(cases.items()):
         check_draws(dev, case, lg, T, k, p, seeds=(20 + 2 * i, 21 + 2 * i))
+
+
+@SAMPLER_DEVICE
+def test_sample_logprobs(dev):
+    """The batched sampler's log-probabilities against a float64 log-softmax: each row's token drawn
+    and its slot's top_logprobs most likely tokens (ids exact: larger value first, lowest id on ties).
+    Rows: greedy top 5 with a tie inside the top 5; drawn (T 0.8, top_k 50) top 20; a padding row;
+    greedy top 20 where 2,000 logits (over the sampler's 1,024 survivors) tie at the 3rd value; greedy
+    top 0 (only the token's). Each row writes its own slot's position and nothing else."""
+    V, HIST, W = 40001, 8, 1 + 2 * ops.TOPN
+    n4 = -(-V // 4)
+    rng = np.random.default_rng(5)
+    rows = rng.standard_normal((4, V)) * 2
+    rows[0, [7, 39000]] = rows[0].max() - 0.5                  # equal, both among the top 5
+    lead = rng.choice(V, 2, replace=False)
+    rows[2] = -4.0
+    rows[2, lead] = (3.0, 2.0)
+    rows[2, rng.choice(np.setdiff1d(np.arange(V), lead), 2000, replace=False)] = 1.0
+    rows = rows.astype(np.float32)
+    # (slot, temperature, top_k, top logprobs) a row; None: padding
+    spec = [(2, 0.0, 0, 5), (0, 0.8, 50, 20), None, (1, 0.0, 0, 20), (3, 0.0, 0, 0)]
+    lg = np.full((len(spec), 4 * n4), 1e30, np.float32)        # padding lanes that would win if read
+    for b, r in zip((0, 1, 3, 4), (rows[0], rows[1], rows[2], rows[3])):
+        lg[b, :V] = r
+    params = np.zeros((4, 8), np.uint32)
+    for sp in filter(None, spec):
+        params[sp[0]] = np.frombuffer(pack_params(*ops.sample_params(V, sp[1], sp[2], 1.0, 9, sp[3])), np.uint32)
+    slots = np.array([0xFFFFFFFF if sp is None else sp[0] for sp in spec], np.uint32)
+    pos = np.array([3, 1, 5, 2], np.uint32)                   # a slot's position: the new token goes after it
+    tb = dev.upload(np.full(4 * HIST, TOK_POISON, np.uint32))
+    lp = dev.upload(poisoned(4 * HIST * W))
+    pb = dev.upload(pos.copy())
+    paging = ops.Paging(None, 16, 1, rows=dev.upload(slots), seq_pos=pb, hist=HIST)
+    run(dev, ops.sample(dev, dev.upload(lg), tb, None, dev.upload(params), paging=paging, batch=len(spec),
+                        logprobs=lp), 1)
+    toks, out = dev.read(tb, np.uint32).reshape(4, HIST), read_f32(dev, lp, (4, HIST, W))
+    assert (dev.read(pb, np.uint32)[:4] == pos + 1).all()
+    for b, sp in enumerate(spec):
+        if sp is None:
+            continue
+        s, temperature, _, top = sp
+        row = lg[b, :V].astype(np.float64)
+        ref = row - row.max() - np.log(np.exp(row - row.max()).sum())
+        tok = int(toks[s, pos[s] + 1])
+        if temperature == 0:
+            assert tok == int(np.argmax(row)), f"row {b}: greedy token"
+        got = out[s, pos[s] + 1]
+        assert abs(got[0] - ref[tok]) < 1e-4, f"row {b}: the token's logprob {got[0]} against {ref[tok]}"
+        want = np.argsort(-row, kind="stable")[:top]
+        assert got[1:1 + 2 * top:2].view(np.uint32).tolist() == want.tolist(), f"row {b}: top {top} ids"
+        assert np.allclose(got[2:2 + 2 * top:2], ref[want], atol=1e-4), f"row {b}: top {top} logprobs"
+        assert (got[1 + 2 * top:].view(np.uint32) == POISON).all(), f"row {b}: wrote past its top {top}"
+        others = np.delete(out[s], pos[s] + 1, axis=0)
+        assert (others.view(np.uint32) == POISON).all(), f"row {b}: wrote another position"
 
 
 @SAMPLER_DEVICE

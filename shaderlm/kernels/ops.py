@@ -256,37 +256,33 @@ def glu(dev, gate_up, out, st, *, ffn: int, gelu=False, act=None, rows_per_token
     return Dispatch(pipe, bg, lambda n: (cdiv(ffn, 256), n * rows_per_token), label="glu")
 
 
-def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, batch: int = 0) -> Dispatch:
-    """`params`: a uniform buffer from sample_params(); rewritten by the host when settings change.
-    The sampler reads row 0 of `logits` as vec4s (Device buffers are whole vec4s; lanes past the
-    vocabulary are masked). With a batched paging: `batch` rows of logits (each a whole number of
-    vec4s), each sampled for its row's sequence with that slot's entry of `params` (a storage array)."""
-    # 512 threads x 16 vec4 loads in flight each: the measured best (docs/performance.md)
-    lim = dev.limit("max-compute-invocations-per-workgroup", 256)
-    if paging is None:
-        pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
-        return Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")
-    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist)
-    bg = dev.bind_group(pipe, [params, None, logits, tokens] + [None] * 6 + [paging.rows, paging.seq_pos])
-    return Dispatch(pipe, bg, (batch, 1, 1), label="sample")
-
-
 TOPN = 20           # the most likely tokens a logprobs request may ask for (OpenAI's top_logprobs limit)
 
 
-def logprobs(dev, logits, tokens, out, params, *, vocab: int, paging: Paging, batch: int) -> Dispatch:
-    """For each of `batch` rows (after the batched sampler), the sampled token's log-probability
-    and the most likely tokens' (as many as its slot's entry of `params`, the sampler's per-slot
-    sample_params, says) into `out` at slot and position (kernels/logprobs.wgsl)."""
-    pipe = pipeline(dev, "logprobs", WG=256, HIST=paging.hist, TOPN=TOPN)
-    res = [dev.uniform(vocab, cdiv(vocab, 4), 0, 0), params, logits, tokens, out] + [None] * 5 + \
-        [paging.rows, paging.seq_pos]
-    return Dispatch(pipe, dev.bind_group(pipe, res), (batch, 1, 1), label="logprobs")
+def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, batch: int = 0,
+           logprobs=None) -> Dispatch:
+    """`params`: a uniform buffer from sample_params(); rewritten by the host when settings change.
+    The sampler reads row 0 of `logits` as vec4s (Device buffers are whole vec4s; lanes past the
+    vocabulary are masked). With a batched paging: `batch` rows of logits (each a whole number of
+    vec4s), each sampled for its row's sequence with that slot's entry of `params` (a storage array);
+    with `logprobs` (a buffer of 1 + 2 * TOPN floats a slot position), also each row's log-probabilities:
+    the token drawn's and its slot's top_logprobs most likely tokens' (kernels/sample.wgsl)."""
+    # 512 threads x 16 vec4 loads in flight each: the measured best (docs/performance.md)
+    lim = dev.limit("max-compute-invocations-per-workgroup", 256)
+    if paging is None:
+        if logprobs is not None:
+            raise ValueError("log-probabilities come with a batched sampler (a paging with rows)")
+        pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
+        return Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")
+    lp = logprobs is not None
+    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist, LOGPROBS=lp, TOPN=TOPN)
+    bg = dev.bind_group(pipe, [params, None, logits, tokens, logprobs] + [None] * 5 + [paging.rows, paging.seq_pos])
+    return Dispatch(pipe, bg, (batch, 1, 1), label="sample")
 
 
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0, top_logprobs=0) -> tuple:
     """A sequence's settings (kernels/sampling.wgsl): the sampler's, and how many of the most likely
-    tokens its logprobs rows give (each is a pass over the logits)."""
+    tokens its logprobs rows give."""
     if not 0 <= top_logprobs <= TOPN:
         raise ValueError(f"top_logprobs {top_logprobs} outside 0..{TOPN}")
     return (vocab, int(top_k), float(temperature), float(top_p), int(seed) & 0xFFFFFFFF, int(top_logprobs), 0, 0)

@@ -15,6 +15,12 @@
 // BATCH (a serving step, or a paged prefill's last token): one workgroup per batch row b, which
 // samples from logits row b with its sequence's own settings and seed, writes the token after the
 // sequence's position in its stretch of HIST tokens and advances that position.
+// LOGPROBS (with BATCH, for the serving engine's requests that ask): then the log-probability of the
+// token drawn and the slot's top_logprobs most likely tokens with theirs, of the model's distribution
+// (temperature 1), into the slot's stretch of `lp_out` at the new token's position: 1 + 2 * TOPN floats
+// (ids as float bits), most likely first, lowest id first on ties. The log-sum-exp is one more pass;
+// the most likely are top-k's radix select and compaction, then ranked among themselves, so any
+// number of them costs the same few passes.
 #include reduce
 #include state
 
@@ -27,6 +33,10 @@ const NONE: u32 = 0xFFFFFFFFu;
 @group(0) @binding(11) var<storage, read_write> seq_pos: array<u32>;
 var<private> p: Sampling;
 var<private> row_base: u32;          // logits row b's first vec4
+#if LOGPROBS
+const TOPN: u32 = {{TOPN}}u;
+@group(0) @binding(4) var<storage, read_write> lp_out: array<f32>;
+#endif
 #else
 @group(0) @binding(0) var<uniform> p: Sampling;
 @group(0) @binding(1) var<storage, read_write> st: State;
@@ -205,28 +215,29 @@ fn top_k_key(li: u32, top_k: u32) -> vec2<u32> {
     return vec2<u32>(key, r.z);
 }
 
-// Copies the live logits with key >= k into kid / kv in id order: each thread counts them in its
-// range, a scan gives each its offset, and the threads that have any read their range again to write
-// them.
-fn compact(li: u32, k: u32) {
+// Copies the live logits with keys in [lo, hi] into kid / kv from `base` in id order, at most `cap` of
+// them: each thread counts them in its range, a scan gives each its offset, and the threads that have
+// any read their range again to write them. Returns how many it copied.
+fn compact(li: u32, lo: u32, hi: u32, base: u32, cap: u32) -> u32 {
     let r = range(li);
     var c = 0u;
     for (var j0 = r.x; j0 < r.y; j0 += U) {
         let v = chunk(j0, r.y);
 #unroll U u
-        c += dot(select(vec4<u32>(0u), vec4<u32>(1u), kept(v[$u], in_range(j0 + $uu, r.y), k)), vec4<u32>(1u));
+        c += dot(select(vec4<u32>(0u), vec4<u32>(1u), within(v[$u], in_range(j0 + $uu, r.y), lo, hi)), vec4<u32>(1u));
 #end
     }
-    var o = u32(scan(li, f32(c)).x);
-    if (c > 0u) {
+    let sums = scan(li, f32(c));                 // counts < 2^24: exact
+    var o = u32(sums.x);
+    if (c > 0u && o < cap) {
         for (var j0 = r.x; j0 < r.y; j0 += U) {
             let v = chunk(j0, r.y);
 #unroll U u
-            let ok$u = kept(v[$u], in_range(j0 + $uu, r.y), k);
+            let ok$u = within(v[$u], in_range(j0 + $uu, r.y), lo, hi);
 #unroll 4 c
-            if (ok$u[$c]) {
-                kid[o] = 4u * (j0 + $uu) + $cu;
-                kv[o] = v[$u][$c];
+            if (ok$u[$c] && o < cap) {
+                kid[base + o] = 4u * (j0 + $uu) + $cu;
+                kv[base + o] = v[$u][$c];
                 o++;
             }
 #end
@@ -234,6 +245,11 @@ fn compact(li: u32, k: u32) {
         }
     }
     workgroupBarrier();
+    return min(u32(sums.z), cap);
+}
+fn within(v: vec4<f32>, ok: vec4<bool>, lo: u32, hi: u32) -> vec4<bool> {
+    let key = okey(v);
+    return ok & (key >= vec4<u32>(lo)) & (key <= vec4<u32>(hi));
 }
 
 // The unnormalised probability mass of the live logits with key >= k.
@@ -351,6 +367,35 @@ fn draw(li: u32, pos: u32, k: u32, m: f32, am: u32, n: u32) -> u32 {
     return select(tok, am, tok == 0xFFFFFFFFu);
 }
 
+#if LOGPROBS
+// The log-sum-exp of the row at temperature 1, m its largest logit.
+fn log_sum_exp(li: u32, m: f32) -> f32 {
+    var c = vec4<f32>(0.0);
+    for (var b = 0u; b < n4(); b += WG * U) {
+        let v = strided(b, li);
+#unroll U u
+        c += select(vec4<f32>(0.0), exp(v[$u] - vec4<f32>(m)), live(b + $uu * WG + li));
+#end
+    }
+    return m + log(wg_sum(c.x + c.y + c.z + c.w));
+}
+// The `top` most likely tokens and their log-probabilities into lp_out from o: the top-th largest
+// key by top_k_key, the keys above it and then as many of its ties as are left (lowest ids first)
+// compacted, each placed by its rank among them.
+fn top_logprobs(li: u32, top: u32, o: u32, lse: f32) {
+    let k = top_k_key(li, top).x;
+    let above = compact(li, k + 1u, 0xFFFFFFFFu, 0u, top);
+    let n = above + compact(li, k, k, above, top - above);
+    if (li < n) {
+        var r = 0u;
+        for (var j = 0u; j < n; j++) {
+            r += u32(kv[j] > kv[li] || (kv[j] == kv[li] && kid[j] < kid[li]));
+        }
+        lp_out[o + 2u * r] = bitcast<f32>(kid[li]);
+        lp_out[o + 2u * r + 1u] = kv[li] - lse;
+    }
+}
+#endif
 @compute @workgroup_size({{WG}})
 fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: vec3<u32>) {
     red_lane = li;
@@ -366,8 +411,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
     let pos = st.pos + st.n;            // position the new token will take
 #endif
     var tok = 0u;
+    var am = 0u;                        // the largest logit's id
     if (prm.temperature <= 0.0) {
         tok = argmax(li);
+        am = tok;
     } else {
         var tk = 0u;                    // top-k threshold key (0: every logit)
         var n = C + 1u;                 // how many reach it, where known; over C: not compacted
@@ -376,11 +423,10 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
             tk = t.x;
             n = t.y;
         }
-        var am = 0u;                    // the largest logit's id and value
-        var m = 0.0;
+        var m = 0.0;                    // the largest logit
         var tp = 0u;                    // top-p threshold key
         if (n <= C) {
-            compact(li, tk);
+            compact(li, tk, 0xFFFFFFFFu, 0u, C);
             let i = weigh(li, n);
             am = kid[i];
             m = kv[i];
@@ -397,6 +443,13 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         tokens[s * HIST + pos] = tok;
         seq_pos[s] = pos;
     }
+#if LOGPROBS
+    let lse = log_sum_exp(li, at(am / 4u)[am % 4u]);
+    let o = (s * HIST + pos) * (1u + 2u * TOPN);
+    if (li == 0u) { lp_out[o] = at(tok / 4u)[tok % 4u] - lse; }
+    let top = min(min(prm.top_logprobs, TOPN), prm.vocab);
+    if (top > 0u) { top_logprobs(li, top, o + 1u, lse); }
+#endif
 #else
     if (li == 0u) {
         tokens[st.tok + st.n] = tok;

@@ -39,7 +39,7 @@ GEMM_ROWS = 8
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
-    """kernels/logprobs.wgsl's rows (the sampled token's value, then TOPN (id bits, value) pairs) as
+    """The logprobs sampler's rows (kernels/sample.wgsl: the token drawn's value, then TOPN (id bits, value) pairs) as
     (log-probability, [(token, log-probability)] of the `top` most likely) a row."""
     return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
             for r in rows]
@@ -138,31 +138,31 @@ class Serving:
         body = net.body(self._build(PREFILL_TT, self.prefill_state))
         head = net.head_ops(1)
         self._one_row = one_row
-        sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=one_row, batch=1)
+        sampler = self._sampler(one_row, 1, False)
         self.plan_prefill = Plan(dev, body, "serving prefill")
         self.plan_prefill_sample = Plan(dev, body + head + [sampler], "serving prefill+sample")
         self._prefill_lp = None
 
-    def _logprobs(self, paging, rows: int):
-        """The logprobs dispatch after a sampler of `rows` rows (its buffer made on first use)."""
-        if self.lp is None:
+    def _sampler(self, paging, rows: int, logprobs: bool):
+        """The sampler of `rows` rows; with `logprobs`, also writing each row's log-probabilities
+        (their buffer made on first use)."""
+        if logprobs and self.lp is None:
             self.lp = self.dev.buffer(4 * self.slots * self.hist * self.lp_width, label="slot logprobs")
-        return ops.logprobs(self.dev, self.logits, self.tokens, self.lp, self.params, vocab=self.net.args.vocab_size,
-                            paging=paging, batch=rows)
+        return ops.sample(self.dev, self.logits, self.tokens, None, self.params, paging=paging, batch=rows,
+                          logprobs=self.lp if logprobs else None)
 
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
-        """The decode step of `rows` rows (a bucket size), with the logprobs pass or not (built at
-        start, the logprobs pass on first use)."""
+        """The decode step of `rows` rows (a bucket size), its sampler writing log-probabilities or not
+        (built at start, the logprobs sampler on first use)."""
         plan = self._decode.get((rows, logprobs))
         if plan is None:
-            if logprobs:                                         # the plain step, then the logprobs pass
-                dispatches = self.decode_plan(rows).dispatches + [self._logprobs(self._paging(True), rows)]
+            if logprobs:                                         # the plain step with the logprobs sampler
+                dispatches = self.decode_plan(rows).dispatches[:-1] + [self._sampler(self._paging(True), rows, True)]
             else:
                 net, dev = self.net, self.dev
                 state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
                                                         f"batch state {rows}")
-                sampler = ops.sample(dev, self.logits, self.tokens, None, self.params, paging=self._paging(True),
-                                     batch=rows)
+                sampler = self._sampler(self._paging(True), rows, False)
                 build = self._build(1, state, batch=rows)
                 body = net.body(build)
                 head = net.head_ops(rows) if build.gemm else net.head_ops(1, decode=net.fuse)
@@ -208,7 +208,8 @@ class Serving:
                 dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
             if last and logprobs:
                 if self._prefill_lp is None:
-                    self._prefill_lp = Plan(dev, self.plan_prefill_sample.dispatches + [self._logprobs(self._one_row, 1)])
+                    self._prefill_lp = Plan(dev, self.plan_prefill_sample.dispatches[:-1]
+                                            + [self._sampler(self._one_row, 1, True)])
                 self._prefill_lp.run(n)
             else:
                 (self.plan_prefill_sample if last else self.plan_prefill).run(n)
@@ -223,8 +224,7 @@ class Serving:
 
     def read_logprobs(self, slot: int, pos: int, n: int, top: int) -> list[tuple[float, list]]:
         """For the tokens at positions pos.. of slot `slot`: (the sampled token's log-probability,
-        [(token, log-probability)] of the `top` most likely), from kernels/logprobs.wgsl's rows (the
-        sampled token's value, then TOPN (id bits, value) pairs)."""
+        [(token, log-probability)] of the `top` most likely), from the logprobs sampler's rows."""
         w = self.lp_width
         return parse_logprobs(self.dev.read(self.lp, np.float32, offset=4 * (slot * self.hist + pos) * w,
                                             size=4 * n * w).reshape(n, w), top)
