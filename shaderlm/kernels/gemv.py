@@ -69,14 +69,15 @@ def int_x_ok(ws) -> bool:
     return all(w.qtype.int8_dot and (w.int8_x or w.x24) for w in ws)
 
 
-def default_shape(dev, w, glu: bool = False) -> GemvShape:
+def default_shape(dev, w, glu: bool = False, copies: int = 1) -> GemvShape:
     """The built-in shape for `w`, before tuning.
 
     The workgroup strides over a row's chunks: its size is the largest power of two from 32 to 128
     (and at least the subgroup) not over the chunk count, so no lane idles on the first pass. Rows per
     workgroup: enough that a lane has about 128 bytes of loads in flight per chunk step, but no more
-    than keeps about 768 workgroups (small matrices need the parallelism more; in whole decode steps
-    fewer rows won over isolated-GEMV sweeps' choice). One chunk step a trip, one row group."""
+    than keeps about 768 workgroups over the grid's `copies` of the rows (a token's picked experts; small
+    matrices need the parallelism more; in whole decode steps fewer rows won over isolated-GEMV sweeps'
+    choice). One chunk step a trip, one row group."""
     chunks, load = chunks_per_row(w), w.qtype.wide[2]
     lim = dev.limit("max-compute-invocations-per-workgroup", 256)
     wg = 32
@@ -85,7 +86,7 @@ def default_shape(dev, w, glu: bool = False) -> GemvShape:
     wg = min(max(wg, dev.subgroup_size or 1), lim)
     load *= 2 if glu else 1
     out_rows = w.rows // 2 if glu else w.rows
-    rows = max(1, min(8, round(128 / load), out_rows // 768))
+    rows = max(1, min(8, round(128 / load), out_rows * copies // 768))
     return GemvShape(wg, rows)
 
 
@@ -171,13 +172,14 @@ def refine(shape) -> list[GemvShape]:
     return [t for t, on in ((s._replace(int_x=0), s.int_x), (s._replace(bfly=0), s.bfly)) if on]
 
 
-def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max: int = 1) -> tuple[Tunable, dict]:
+def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max: int = 1,
+            copies: int = 1) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
     first weight) with integer x where int_x_ok: int8 where the weights are flagged, else x24.
     `batch` tokens (0: one, or as many as the grid's z) share each weight load; the shape is the one
     tuned for a single token, so that a token's arithmetic is the same in any batch."""
-    base = default_shape(dev, ws[0], glu)
+    base = default_shape(dev, ws[0], glu, copies)
     default = base._replace(int_x=int(int_x_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
     tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
     s = GemvShape.of(shape or tuned_shape(dev, key) or default)
@@ -301,7 +303,7 @@ def expert_gemv(dev, w, experts: int, x, y, ids, *, slots: int, y_stride: int, w
     lanes = batch * (1 if summed else slots)
     tune, sd = _tuning(dev, [view], key, glu, shape, lambda s: expert_gemv(
         dev, w, experts, x, y, ids, slots=slots, y_stride=y_stride, weights=weights, norm=norm, eps=eps, glu=glu,
-        gelu=gelu, act=act, bias=bias, shape=s, batch=batch), lanes)
+        gelu=gelu, act=act, bias=bias, shape=s, batch=batch), lanes, copies=1 if summed else slots)
     c = w.chunks[0]
     pipe = pipeline(dev, "gemv", **_defines(w, c, out_rows, 0, y_stride=y_stride, eps=eps), **sd,
                     E_BIAS=bias is not None, ACCUMULATE=summed, NORM=norm is not None, GLU=glu,
