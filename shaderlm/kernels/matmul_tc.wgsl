@@ -50,36 +50,52 @@ var<workgroup> xs: array<i32, 2u * BUF>;
 // together) from xs, offsets and strides in bytes; 16 x 16 i32 sums, stored column-major into ws / xs.
 #if EMULATE
 // Each of a subgroup's 32 invocations holds its share, as the hardware does: row lane % 16 of W's tile,
-// tokens 8 (lane / 16) .. + 8 of x's, and those 8 sums; the products by dot4I8Packed (slow).
+// tokens 8 (lane / 16) .. + 8 of x's, and those 8 sums; the products by dot4I8Packed. Every index is a
+// constant (#unroll, vectors): lavapipe ran loops over private arrays many times slower.
 var<private> lane: u32;
-struct LM { r: array<u32, 8> }
-struct RM { c: array<u32, 64> }
-struct CM { v: array<i32, 8> }
+struct LM { a: vec4<u32>, b: vec4<u32> }              // the row's 32 bytes
+struct RM {                                           // 8 tokens' 32 bytes
+#unroll 8 n
+    a$n: vec4<u32>,
+    b$n: vec4<u32>,
+#end
+}
+struct CM { lo: vec4<i32>, hi: vec4<i32> }            // the sums of tokens 0-3 and 4-7
+// 4 words from ws, or with `from_x` from xs (naga passes no workgroup pointers)
+fn words(o: u32, from_x: bool) -> vec4<u32> {
+    if (from_x) { return vec4<u32>(u32(xs[o]), u32(xs[o + 1u]), u32(xs[o + 2u]), u32(xs[o + 3u])); }
+    return vec4<u32>(u32(ws[o]), u32(ws[o + 1u]), u32(ws[o + 2u]), u32(ws[o + 3u]));
+}
 fn load_w(off: u32) -> LM {
-    var a: LM;
-    for (var i = 0u; i < 8u; i++) { a.r[i] = u32(ws[(off + (lane % 16u) * RS) / 4u + i]); }
-    return a;
+    let o = (off + (lane % 16u) * RS) / 4u;
+    return LM(words(o, false), words(o + 4u, false));
 }
 fn load_x(off: u32) -> RM {
-    var b: RM;
-    for (var n = 0u; n < 8u; n++) {
-        for (var i = 0u; i < 8u; i++) { b.c[n * 8u + i] = u32(xs[(off + (8u * (lane / 16u) + n) * RS) / 4u + i]); }
-    }
-    return b;
+    let o = (off + 8u * (lane / 16u) * RS) / 4u;
+    return RM(
+#unroll 8 n
+        words(o + $nu * RW, true), words(o + $nu * RW + 4u, true),
+#end
+    );
+}
+fn dot32(a: LM, xa: vec4<u32>, xb: vec4<u32>) -> i32 {
+    return dot4I8Packed(a.a.x, xa.x) + dot4I8Packed(a.a.y, xa.y) + dot4I8Packed(a.a.z, xa.z) + dot4I8Packed(a.a.w, xa.w)
+         + dot4I8Packed(a.b.x, xb.x) + dot4I8Packed(a.b.y, xb.y) + dot4I8Packed(a.b.z, xb.z) + dot4I8Packed(a.b.w, xb.w);
 }
 fn mma(a: LM, b: RM, c: CM) -> CM {
-    var o = c;
-    for (var n = 0u; n < 8u; n++) {
-        for (var i = 0u; i < 8u; i++) { o.v[n] += dot4I8Packed(a.r[i], b.c[n * 8u + i]); }
-    }
-    return o;
+    return CM(c.lo + vec4<i32>(dot32(a, b.a0, b.b0), dot32(a, b.a1, b.b1), dot32(a, b.a2, b.b2), dot32(a, b.a3, b.b3)),
+              c.hi + vec4<i32>(dot32(a, b.a4, b.b4), dot32(a, b.a5, b.b5), dot32(a, b.a6, b.b6), dot32(a, b.a7, b.b7)));
 }
-fn store_w(o: u32, c: CM) {
-    for (var n = 0u; n < 8u; n++) { ws[o + (8u * (lane / 16u) + n) * 16u + lane % 16u] = c.v[n]; }
+// token n's sum at o + (8 (lane / 16) + n) 16 + lane % 16 (column-major), into xs with `into_x`
+fn store_sums(o: u32, c: CM, into_x: bool) {
+    let b = o + 128u * (lane / 16u) + lane % 16u;
+#unroll 8 n
+    let v$n = select(c.lo, c.hi, $nu >= 4u)[$nu % 4u];
+    if (into_x) { xs[b + 16u * $nu] = v$n; } else { ws[b + 16u * $nu] = v$n; }
+#end
 }
-fn store_x(o: u32, c: CM) {
-    for (var n = 0u; n < 8u; n++) { xs[o + (8u * (lane / 16u) + n) * 16u + lane % 16u] = c.v[n]; }
-}
+fn store_w(o: u32, c: CM) { store_sums(o, c, false); }
+fn store_x(o: u32, c: CM) { store_sums(o, c, true); }
 #else
 alias LM = subgroup_matrix_left<i8, 32, 16>;
 alias RM = subgroup_matrix_right<i8, 16, 32>;
