@@ -1110,8 +1110,7 @@ def test_sample_logprobs(dev):
     # (slot, temperature, top_k, top logprobs) a row; None: padding
     spec = [(2, 0.0, 0, 5), (0, 0.8, 50, 20), None, (1, 0.0, 0, 20), (3, 0.0, 0, 0)]
     lg = np.full((len(spec), 4 * n4), 1e30, np.float32)        # padding lanes that would win if read
-    for b, r in zip((0, 1, 3, 4), (rows[0], rows[1], rows[2], rows[3])):
-        lg[b, :V] = r
+    lg[[0, 1, 3, 4], :V] = rows
     params = np.zeros((4, 8), np.uint32)
     for sp in filter(None, spec):
         params[sp[0]] = np.frombuffer(pack_params(*ops.sample_params(V, sp[1], sp[2], 1.0, 9, sp[3])), np.uint32)

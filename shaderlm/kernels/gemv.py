@@ -300,18 +300,18 @@ def expert_gemv(dev, w, experts: int, x, y, ids, *, slots: int, y_stride: int, w
     view = GPUWeight(w.name, w.qtype, rows_e, w.cols * (slots if summed else 1), w.chunks, w.nbytes, w.int8_x, w.x24)
     key = f"gemv {w.qtype.name} {rows_e}x{w.cols}" + " glu" * glu + " norm" * (norm is not None) \
         + f" experts{slots}" + " sum" * summed + " int8x" * w.int8_x
-    lanes = batch * (1 if summed else slots)
+    copies = 1 if summed else slots              # the rows' copies in the grid, a token
+    lanes = batch * copies
     tune, sd = _tuning(dev, [view], key, glu, shape, lambda s: expert_gemv(
         dev, w, experts, x, y, ids, slots=slots, y_stride=y_stride, weights=weights, norm=norm, eps=eps, glu=glu,
-        gelu=gelu, act=act, bias=bias, shape=s, batch=batch), lanes, copies=1 if summed else slots)
+        gelu=gelu, act=act, bias=bias, shape=s, batch=batch), lanes, copies=copies)
     c = w.chunks[0]
     pipe = pipeline(dev, "gemv", **_defines(w, c, out_rows, 0, y_stride=y_stride, eps=eps), **sd,
                     E_BIAS=bias is not None, ACCUMULATE=summed, NORM=norm is not None, GLU=glu,
                     **act_defines(gelu, act), EXPERTS=True, EXPERT_SUM=summed, ESLOTS=slots, EROWS=rows_e)
     n_groups = cdiv(out_rows, sd["ROWS"] * sd["GROUPS"]) * sd["TG"]
     gx, gy, _ = grid_1d(dev, n_groups)
-    z = 1 if summed else slots
-    grid = (gx, gy, 1) if batch else (lambda n: (gx, gy, n * z))
+    grid = (gx, gy, 1) if batch else (lambda n: (gx, gy, n * copies))
     bg = dev.bind_group(pipe, [None, None, c.buffer, x, y, bias, norm, None, ids, weights])
     # what a token reads: its picked experts' rows only
     return [Dispatch(pipe, bg, grid, label=f"gemv.{w.qtype.name}.experts", bytes=c.buffer.size * slots // experts,

@@ -77,8 +77,12 @@ fn at(j: u32) -> vec4<f32> { return logits[row_base + min(j, n4() - 1u)]; }
 fn live(j: u32) -> vec4<bool> {
     return vec4<u32>(4u * j) + vec4<u32>(0u, 1u, 2u, 3u) < vec4<u32>(p.vocab);
 }
-// which lanes are kept at threshold k: live (ok) with key >= k
-fn kept(v: vec4<f32>, ok: vec4<bool>, k: u32) -> vec4<bool> { return ok & (okey(v) >= vec4<u32>(k)); }
+// which lanes are live (ok) with keys in [lo, hi]; kept at threshold k: key >= k
+fn within(v: vec4<f32>, ok: vec4<bool>, lo: u32, hi: u32) -> vec4<bool> {
+    let key = okey(v);
+    return ok & (key >= vec4<u32>(lo)) & (key <= vec4<u32>(hi));
+}
+fn kept(v: vec4<f32>, ok: vec4<bool>, k: u32) -> vec4<bool> { return within(v, ok, k, 0xFFFFFFFFu); }
 // each lane's weight in the draw: exp((v - m) / T) where kept, else 0
 fn weight(v: vec4<f32>, ok: vec4<bool>, k: u32, m: f32) -> vec4<f32> {
     return select(vec4<f32>(0.0), exp((v - vec4<f32>(m)) / p.temperature), kept(v, ok, k));
@@ -246,10 +250,6 @@ fn compact(li: u32, lo: u32, hi: u32, base: u32, cap: u32) -> u32 {
     }
     workgroupBarrier();
     return min(u32(sums.z), cap);
-}
-fn within(v: vec4<f32>, ok: vec4<bool>, lo: u32, hi: u32) -> vec4<bool> {
-    let key = okey(v);
-    return ok & (key >= vec4<u32>(lo)) & (key <= vec4<u32>(hi));
 }
 
 // The unnormalised probability mass of the live logits with key >= k.

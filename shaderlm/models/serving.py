@@ -39,8 +39,8 @@ GEMM_ROWS = 8
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
-    """The logprobs sampler's rows (kernels/sample.wgsl: the token drawn's value, then TOPN (id bits, value) pairs) as
-    (log-probability, [(token, log-probability)] of the `top` most likely) a row."""
+    """The logprobs sampler's rows (kernels/sample.wgsl: the token drawn's value, then TOPN (id bits,
+    value) pairs) as (log-probability, [(token, log-probability)] of the `top` most likely) a row."""
     return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
             for r in rows]
 
@@ -151,13 +151,17 @@ class Serving:
         return ops.sample(self.dev, self.logits, self.tokens, None, self.params, paging=paging, batch=rows,
                           logprobs=self.lp if logprobs else None)
 
+    def _with_logprobs(self, plan: Plan, paging, rows: int) -> list:
+        """`plan`'s dispatches with its sampler (the last) also writing log-probabilities."""
+        return plan.dispatches[:-1] + [self._sampler(paging, rows, True)]
+
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
         """The decode step of `rows` rows (a bucket size), its sampler writing log-probabilities or not
         (built at start, the logprobs sampler on first use)."""
         plan = self._decode.get((rows, logprobs))
         if plan is None:
             if logprobs:                                         # the plain step with the logprobs sampler
-                dispatches = self.decode_plan(rows).dispatches[:-1] + [self._sampler(self._paging(True), rows, True)]
+                dispatches = self._with_logprobs(self.decode_plan(rows), self._paging(True), rows)
             else:
                 net, dev = self.net, self.dev
                 state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
@@ -208,8 +212,7 @@ class Serving:
                 dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
             if last and logprobs:
                 if self._prefill_lp is None:
-                    self._prefill_lp = Plan(dev, self.plan_prefill_sample.dispatches[:-1]
-                                            + [self._sampler(self._one_row, 1, True)])
+                    self._prefill_lp = Plan(dev, self._with_logprobs(self.plan_prefill_sample, self._one_row, 1))
                 self._prefill_lp.run(n)
             else:
                 (self.plan_prefill_sample if last else self.plan_prefill).run(n)
