@@ -78,3 +78,26 @@ def test_profile_batch(tiny_gguf, capsys):
     assert any(k.startswith("attention") for k in kernels) and "sample" in kernels, kernels
     total = float(out.split("serving decode step of 3 sequences")[1].split("GPU ")[1].split(" us")[0])
     assert abs(sum(kernels.values()) - total) < 0.01 * total + 1.0
+
+
+def test_dispatch_times_from_pass_timestamps(monkeypatch):
+    """Where timestamps go only at a pass's start and end (Dawn), each dispatch runs in a pass of its own:
+    the times come back in plan order, a read of 128 MiB taking longer than one of 64 KiB around it."""
+    import numpy as np
+    import pytest
+
+    from shaderlm.gpu.device import get_device
+    from shaderlm.gpu.plan import Dispatch, Plan
+    from shaderlm.gpu.profiler import time_dispatches
+    from shaderlm.kernels import pipeline
+    dev = get_device()
+    if not dev.has_timestamps:
+        pytest.skip("no timestamp queries on this adapter")
+    monkeypatch.setattr(dev, "features", dev.features - {"timestamp-query-inside-passes"})
+    pipe = pipeline(dev, "peak_read", UNROLL=4)
+    out = dev.buffer(64 * 256 * 4)
+    reads = [dev.buffer(size) for size in (1 << 16, min(1 << 27, dev.max_binding), 1 << 16)]
+    plan = Plan(dev, [Dispatch(pipe, dev.bind_group(pipe, [src, out]), (64, 1, 1), label="peak_read") for src in reads])
+    times = time_dispatches(dev, plan)
+    assert len(times) == 3 and all(np.isfinite(times)) and min(times) > 0
+    assert times[1] > 3 * max(times[0], times[2]), times

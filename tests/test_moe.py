@@ -198,6 +198,7 @@ def test_grouped_int8_prefill_logits(synth_gguf):
     m = shaderlm.load(path, progress=False, ctx=64, options=Options.from_env().replace(exact_prefill=False))
     layer = m.net.plan_prefill[False].dispatches
     assert any(d.label.endswith(".experts") and d.label.startswith("matmul_q8") for d in layer)
+    assert any(d.label.startswith("matmul_tiled.") for d in layer), "the router on the f32 tiled GEMM"
     ids = next(i for i in (random_ids(m.config.vocab_size, 40, seed) for seed in range(16))
                if _routing_margin(path, i) >= 0.005)
     ref = reference_logits(path, ids)

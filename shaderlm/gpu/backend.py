@@ -31,7 +31,8 @@ def _import(name: str):
     """The WebGPU package `name`; Dawn's with its unsafe APIs allowed (before it makes its instance):
     that is what offers subgroup matrices, used only where a probe finds them exact (gpu/device.py).
     SHADERLM_SHADER_CHECKS=none turns Dawn's robustness off too (its bounds checks: with them the
-    tensor-core GEMM runs at about half speed; docs/performance.md)."""
+    tensor-core GEMM runs at about half speed; docs/performance.md). Timestamps keep their precision
+    (Dawn rounds them to 2^16 ns by default, for browsers: `profile` times dispatches shorter than that)."""
     module = importlib.import_module(name)
     if name == BACKENDS["dawn"]:
         try:
@@ -39,7 +40,8 @@ def _import(name: str):
         except ImportError:
             return module
         set_instance_extras(enable_toggles=["allow_unsafe_apis"]
-                            + (["disable_robustness"] if shader_checks() == "none" else []))
+                            + (["disable_robustness"] if shader_checks() == "none" else []),
+                            disable_toggles=["timestamp_quantization"])
     return module
 
 

@@ -1,9 +1,10 @@
 """Per-dispatch GPU time of a plan from timestamp queries written between dispatches.
 
 Each interval [t_i, t_i+1] covers dispatch i including its launch and the barrier before it, which
-is what a dependent chain of small kernels really costs. Without timestamp queries inside passes,
-each dispatch is submitted and waited for alone and timed on the CPU (with a warning: that adds
-submit and sync overhead to every number).
+is what a dependent chain of small kernels really costs. Without timestamp queries inside passes
+(Dawn), each dispatch gets a pass of its own with timestamps at its start and end (the passes'
+boundaries are not counted); without timestamp queries at all, each dispatch is submitted and waited
+for alone and timed on the CPU (with a warning: that adds submit and sync overhead to every number).
 """
 from __future__ import annotations
 
@@ -29,7 +30,10 @@ def _timestamp_period(dev) -> float:
 def time_dispatches(dev, plan, n: int = 1) -> list[float]:
     """Seconds per dispatch of `plan` run once with n tokens."""
     ds = plan.dispatches
-    if "timestamp-query-inside-passes" not in dev.features:
+    inside = "timestamp-query-inside-passes" in dev.features
+    if not inside and dev.has_timestamps:
+        return _time_in_passes(dev, ds, n)
+    if not inside:
         print("shaderlm profile: no timestamp queries inside passes on this adapter; timing each "
               "dispatch on the CPU (includes submit and sync)", file=sys.stderr)
         out = []
@@ -58,6 +62,27 @@ def time_dispatches(dev, plan, n: int = 1) -> list[float]:
     dev.submit([enc.finish()])
     ts = np.frombuffer(dev.queue.read_buffer(resolve), np.uint64).astype(np.float64)
     return list(np.diff(ts) * _timestamp_period(dev) * 1e-9)
+
+
+def _time_in_passes(dev, ds, n: int) -> list[float]:
+    """Seconds per dispatch, each in a pass of its own timed from the pass's start to its end."""
+    count = 2 * len(ds)
+    qs = dev.device.create_query_set(type="timestamp", count=count)
+    resolve = dev.device.create_buffer(size=8 * count, usage=BufferUsage.QUERY_RESOLVE | BufferUsage.COPY_SRC)
+    enc = dev.encoder()
+    for i, d in enumerate(ds):
+        cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                         "end_of_pass_write_index": 2 * i + 1})
+        x, y, z = d.workgroups(n)
+        if x and y and z:
+            cpass.set_pipeline(d.pipeline)
+            cpass.set_bind_group(0, d.bind_group)
+            cpass.dispatch_workgroups(x, y, z)
+        cpass.end()
+    enc.resolve_query_set(qs, 0, count, resolve, 0)
+    dev.submit([enc.finish()])
+    ts = np.frombuffer(dev.queue.read_buffer(resolve), np.uint64).astype(np.float64).reshape(-1, 2)
+    return list((ts[:, 1] - ts[:, 0]) * _timestamp_period(dev) * 1e-9)
 
 
 _probe = {}

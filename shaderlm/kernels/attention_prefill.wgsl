@@ -30,14 +30,17 @@ const TPR: u32 = WG / BQ;         // threads a query row
 const KPT: u32 = {{KPT}}u;        // keys a thread scores: BK / TPR
 const OV: u32 = {{OV}}u;          // output vec4s a thread: H4 / TPR
 const KS: u32 = H4 + 1u;          // a key's stride in ks (vec4s): threads scoring different keys hit different banks
+const QS: u32 = H4 + 1u;          // a query's stride in qs (vec4s): a subgroup's query rows on different banks
+const SS: u32 = BK + 1u;          // a query's stride in sc: the same for its weights
 const MASKED: f32 = -3.0e38;
 
-// A thread scores KPT keys of one query row and accumulates OV vec4s of that row's output, so every
-// workgroup load feeds several multiply-adds. K and V are converted from f16 once as they are loaded.
-var<workgroup> qs: array<vec4<f32>, {{BQ_H4}}>;   // [query][dim / 4], scaled
+// A thread scores KPT keys of one query row (each q vec4 loaded once for them) and accumulates OV
+// vec4s of that row's output, so every workgroup load feeds several multiply-adds. K and V are
+// converted from f16 once as they are loaded.
+var<workgroup> qs: array<vec4<f32>, {{BQ_QS}}>;   // [query][dim / 4], QS apart, scaled
 var<workgroup> ks: array<vec4<f32>, {{BK_KS}}>;   // [key][dim / 4], KS apart
 var<workgroup> vs: array<vec4<f32>, {{BK_H4}}>;   // [key][dim / 4]
-var<workgroup> sc: array<f32, {{BQ_BK}}>;         // [query][key]: softmax weights
+var<workgroup> sc: array<f32, {{BQ_SS}}>;         // [query][key], SS apart: softmax weights
 var<workgroup> pm: array<f32, WG>;                // [thread of a row][query]: partial row maxima
 var<workgroup> row_m: array<f32, {{BQ}}>;
 var<workgroup> row_l: array<f32, {{BQ}}>;
@@ -60,7 +63,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let stride = (p.n_heads + 2u * p.n_kv) * HD;
     for (var i = li; i < BQ * H4; i += WG) {
         let o = (t0 + min(i / H4, nq - 1u)) * stride + h * HD + (i % H4) * 4u;
-        qs[i] = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
+        qs[(i / H4) * QS + i % H4] = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
     }
     if (li < BQ) { row_m[li] = MASKED; row_l[li] = 0.0; }
     let qi = li / TPR;                            // this thread's query row
@@ -81,13 +84,21 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             vs[i] = select(vec4<f32>(0.0), kv_pair(vc[r], vc[r + 1u]), key <= last);
         }
         workgroupBarrier();
+#unroll KPT e
+        var d$e = 0.0;
+#end
+        for (var j = 0u; j < H4; j++) {
+            let qv = qs[qi * QS + j];
+#unroll KPT e
+            d$e += dot(qv, ks[(lane + $eu * TPR) * KS + j]);
+#end
+        }
         var s: array<f32, KPT>;
         var mx = MASKED;
 #unroll KPT e
         {
             let kj = lane + $eu * TPR;
-            var d = 0.0;
-            for (var j = 0u; j < H4; j++) { d += dot(qs[qi * H4 + j], ks[kj * KS + j]); }
+            var d = d$e;
             if (p.softcap > 0.0) { d = p.softcap * tanh(clamp(d / p.softcap, -15.0, 15.0)); }
             let key = k0 + kj;
             let visible = qi < nq && key <= qpos && (p.window == 0u || key + p.window > qpos);
@@ -107,7 +118,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         let m = row_m[qi];
 #unroll KPT e
-        sc[qi * BK + lane + $eu * TPR] = select(0.0, exp(s[$e] - m), s[$e] > MASKED);
+        sc[qi * SS + lane + $eu * TPR] = select(0.0, exp(s[$e] - m), s[$e] > MASKED);
 #end
         workgroupBarrier();
         let c = row_c[qi];
@@ -116,7 +127,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
         var l = 0.0;
         for (var kj = 0u; kj < BK; kj++) {
-            let w = sc[qi * BK + kj];
+            let w = sc[qi * SS + kj];
             l += w;
 #unroll OV o
             acc[$o] += w * vs[kj * H4 + lane + $ou * TPR];

@@ -170,6 +170,21 @@ TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup
 TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32 (256: 8 of 32 x 64)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
 TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
+TC_SPLIT_BELOW = 128                # a matrix whose tiles make fewer workgroups (a wave or less on a large GPU)
+TC_SPLIT_TARGET = 256               # has K split in slices until they make this many
+TC_MIN_SLICE = 512                  # elements of K a slice at least
+TC_PARTIALS = 2 * TC_SPLIT_TARGET * TC_TILE[0] * TC_TILE[1]    # partial sums a split GEMM holds at most
+
+
+def tc_slices(rows: int, cols: int, tokens: int) -> int:
+    """How many slices of K matmul_tc splits a matrix into for `tokens` tokens (their sums added in order
+    by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW workgroups."""
+    tiles = cdiv(rows, TC_TILE[0]) * cdiv(tokens, TC_TILE[1])
+    s = 1
+    while (tiles < TC_SPLIT_BELOW and tiles * s < TC_SPLIT_TARGET and cols % (64 * s) == 0
+           and cols // (2 * s) >= TC_MIN_SLICE):
+        s *= 2
+    return s
 
 
 def _tc_row_bytes() -> int:
@@ -194,16 +209,32 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
     wg = TC_THREADS
-    pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, BIAS=bias is not None, ACCUMULATE=accumulate,
-                    WG=wg, NJ=8 * 128 // wg, EW=512 // wg, XV=512 // wg, RS=_tc_row_bytes(), EMULATE=TC_EMULATE)
     for c in w.chunks:
+        slices = tc_slices(c.rows, w.cols, max_tokens)
+        kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
+        pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, **kw, SPLIT=slices, WG=wg, NJ=8 * 128 // wg,
+                        EW=512 // wg, XV=512 // wg, RS=_tc_row_bytes(), EMULATE=TC_EMULATE)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
-                             max_tokens * w.cols // 4, 0)
-        res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, y] + ([bias] if bias is not None else [])
+                             max_tokens * w.cols // 4, max_tokens)
+        part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)
+        res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, part] + ([bias] if bias is not None and slices == 1 else [])
         gx = cdiv(c.rows, TC_TILE[0])
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, TC_TILE[1])),
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, z=slices: (gx, cdiv(n, TC_TILE[1]), z),
                             label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size))
+        if slices > 1:
+            out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
+                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias, accumulate=accumulate))
     return out
+
+
+def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from_state_row, bias, accumulate) -> Dispatch:
+    """matmul_split: y (+)= the `slices` partial sums of chunk c's outputs (part_tokens tokens a slice),
+    added in slice order, then the epilogue (bias, accumulate)."""
+    pipe = pipeline(dev, "matmul_split", SPLIT=slices, BIAS=bias is not None, ACCUMULATE=accumulate)
+    params = dev.uniform(c.rows, row0 + c.row0, y_stride, part_tokens, int(from_state_row), 0, 0, 0)
+    res = [params, st, part, None, None, None, y] + ([bias] if bias is not None else [])
+    gx = cdiv(c.rows, 256)
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n), label="matmul_split")
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -237,11 +268,8 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn, z=slices: (gx, cdiv(n, bn), z),
                             label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size))
         if slices > 1:
-            pipe = pipeline(dev, "matmul_split", SPLIT=slices, BIAS=bias is not None, ACCUMULATE=accumulate)
-            params = dev.uniform(c.rows, row0 + c.row0, y_stride, max_tokens, int(from_state_row), 0, 0, 0)
-            res = [params, st, part, None, None, None, y] + ([bias] if bias is not None else [])
-            gx = cdiv(c.rows, 256)
-            out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, n), label="matmul_split"))
+            out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
+                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias, accumulate=accumulate))
     return out
 
 

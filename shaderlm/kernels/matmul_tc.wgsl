@@ -9,6 +9,8 @@
 // (2 x NJ products of 16 x 16, three each a K step); K steps of 32, two workgroup buffers (the next
 // step's loads in flight while this one multiplies). Each weight is decoded (dq8) and rounded to its
 // digits as it is staged: a thread takes EW runs of 8 of a row, and XV vec4s of x's digits.
+// PARTIALS: K in SPLIT slices, one a grid z (a matrix of few tiles would leave most of the GPU idle); a
+// slice's results go to y as partials [slice][token][row] for matmul_split.wgsl to add in order.
 // EMULATE (tests on adapters without subgroup matrices): the matrix operations in plain WGSL (below).
 #if !EMULATE
 enable subgroups;
@@ -21,8 +23,8 @@ diagnostic(off, chromium.subgroup_matrix_uniformity);
 #include epilogue
 #include tc_digits
 
-// plane: words a digit plane of xq
-struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, plane: u32, _b: u32 }
+// plane: words a digit plane of xq; part_tokens: tokens a slice of the partials
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, plane: u32, part_tokens: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> w: array<u32>;
@@ -37,6 +39,7 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 const WG: u32 = {{WG}}u;
 const BM: u32 = 128u;
 const BN: u32 = 128u;
+const SPLIT: u32 = {{SPLIT}}u;   // slices of K (grid z)
 const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
 const TPR: u32 = WG / BM;        // threads a row's 32 weights (2 or 4): EW runs of 8 each
 const RS: u32 = {{RS}}u;         // bytes a staged row of 32: 48, the 16 more keep a product's rows on distinct banks
@@ -177,17 +180,18 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let c0 = (sg / 4u) * 16u * NJ;
     let mw = rw[min(r_base + li / TPR, p.rows - 1u)];
     let inv = select(LIM / mw, 0.0, mw == 0.0);
-    let steps = p.k / 32u;
+    let steps = p.k / (32u * SPLIT);     // this workgroup's K steps: all, or its slice's
+    let step0 = wid.z * steps;
 #unroll 2 i
 #unroll NJ j
     var h$i$j = CM();
     var c$i$j = CM();
 #end
 #end
-    store_stage(li, 0u, load_stage(li, 0u, r_base, t_base, m), inv);
+    store_stage(li, 0u, load_stage(li, step0, r_base, t_base, m), inv);
     workgroupBarrier();
     for (var s = 0u; s < steps; s++) {
-        let next = load_stage(li, min(s + 1u, steps - 1u), r_base, t_base, m);
+        let next = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
         let b0 = (s & 1u) * BUF * 4u;       // the buffer's first byte
 #unroll 2 i
         let ah$i = load_w(b0 + (r0 + $i * 16u) * RS);
@@ -224,7 +228,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             let t = t_base + c0 + $j * 16u + n;
             let sum = 65536.0 * f32(ws[o + n * 16u + l % 16u]) + 256.0 * f32(xs[o + n * 16u + l % 16u]);
             if (row < p.rows && t < m) {
+#if PARTIALS
+                y[(wid.z * p.part_tokens + t) * p.rows + row] = sw * xd[t] * sum;
+#else
                 write_y(t * p.y_stride + p.row0 + row, p.row0 + row, sw * xd[t] * sum);
+#endif
             }
         }
     }

@@ -26,12 +26,12 @@ def peak_read_gbs(dev, reps: int = 10) -> float:
 
 def _median_seconds(dev, plan, n: int, out, reps: int) -> float:
     """Median GPU seconds of plan run with n tokens (after a warm-up run): its dispatches' timestamps,
-    or the CPU clock around run and a read of `out` where the adapter has no timestamps in passes."""
+    or the CPU clock around run and a read of `out` where the adapter has no timestamps."""
     plan.run(n)
     dev.read(out, np.uint32, 0, 16)
     times = []
     for _ in range(reps):
-        if "timestamp-query-inside-passes" in dev.features:
+        if dev.has_timestamps:
             times.append(sum(time_dispatches(dev, plan, n)))
             continue
         t0 = time.perf_counter()

@@ -20,7 +20,7 @@ from ..gpu.device import READBACK, STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
 from ..gpu.tuner import tune_plan
 from ..kernels import gemm, ops
-from ..kernels.gemv import can_pair, expert_gemv, gemv_pair
+from ..kernels.gemv import can_pair, expert_gemv, gemv_pair, wide_ok
 from ..kernels.quants import QUANT_TYPES
 from ..kernels.tuning import open_cache
 from ..kernels.weights import GPUWeight, concat_rows, dequantize, upload_weight
@@ -473,12 +473,14 @@ class Transformer:
         their down GEMV summed by weight into x. Only the picked experts' rows are read."""
         a, L, b, dev = self.args, self.layers[i], self.b, self.dev
         E, K = a.n_experts, a.n_experts_used
-        # the router (E rows) as the decode GEMV in prompts too, a token per grid z: the tiled GEMM
-        # would leave most of the GPU idle; and a token's routing is then the same in prompt and decode
-        out = self.matmul(L.router, src, self.router_logits, tt=1, y_stride=E, bias=L.router_bias, **norm)
+        # the router (E rows): a prompt batch's on the f32 tiled GEMM (its input is xn there), else the
+        # decode GEMV (a prompt's, a token a grid z, read the weights again for every token)
+        grouped = self.grouped_experts(L)
+        out = self.matmul(L.router, src, self.router_logits, tt=b.tt if grouped else 1, y_stride=E,
+                          bias=L.router_bias, **norm)
         out.append(ops.moe_route(dev, self.router_logits, self.expert_ids, self.expert_wts, experts=E, k=K,
                                  renorm=a.expert_norm, batch=b.batch))
-        if self.grouped_experts(L):
+        if grouped:
             return out + self.grouped_expert_ops(i)
         out += expert_gemv(dev, L.experts_gate_up, E, src, self.expert_h, self.expert_ids, slots=K,
                            y_stride=a.expert_ffn_dim, glu=True, gelu=self.gelu, act=self.ffn_act,
@@ -515,14 +517,18 @@ class Transformer:
     # ---- plans ---------------------------------------------------------------------------------
     def head_ops(self, tt: int, decode: bool = False) -> list:
         """Hook: final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token a
-        sequence, from row 0) the norm is folded into the LM-head matmul."""
+        sequence, from row 0) the norm is folded into the LM-head matmul. One row outside a serving
+        batch (a prompt's last token): the normed row goes to xn's first and the decode GEMV takes it."""
         a, b = self.args, self.b
         if decode:
             return self.matmul(self.lm_head, self.x, b.logits, tt=1, y_stride=b.logit_stride, norm=self.out_norm,
                                eps=a.rms_eps)
-        return [ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, b.state, dim=a.dim, eps=a.rms_eps,
-                            from_state_row=True),
-                *self.matmul(self.lm_head, self.xn, b.logits, tt=tt, y_stride=b.logit_stride, from_state_row=True)]
+        norm = ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, b.state, dim=a.dim, eps=a.rms_eps,
+                           from_state_row=True)
+        if tt == 1 and not b.batch and wide_ok(self.lm_head):
+            return [norm, *ops.matmul(self.dev, self.lm_head, self.xn, b.logits, b.state, tt=1,
+                                      y_stride=b.logit_stride, batch=1)]
+        return [norm, *self.matmul(self.lm_head, self.xn, b.logits, tt=tt, y_stride=b.logit_stride, from_state_row=True)]
 
     def body(self, build: Build) -> list:
         """The embedding and every layer's dispatches for `build`."""
