@@ -4,7 +4,9 @@
 // the cache is read once per query tile rather than once per query. Scores go through an online softmax
 // (running max m and sum l per query row; the output rescaled as m grows); keys outside a query's
 // causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
-// Needs BQ * BK >= 256 and BQ * HD >= 1024 (ops.prefill_attention_tile).
+// Every thread of a query row keeps the row's running max and sum itself (from the row's partial maxima
+// in workgroup memory), so a tile takes four barriers. Needs BQ * BK >= 256, BQ * HD >= 1024 and BK * HD
+// a multiple of 1024 (ops.prefill_attention_tile).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state
@@ -29,6 +31,7 @@ const H4: u32 = HD / 4u;          // vec4s of a head
 const TPR: u32 = WG / BQ;         // threads a query row
 const KPT: u32 = {{KPT}}u;        // keys a thread scores: BK / TPR
 const OV: u32 = {{OV}}u;          // output vec4s a thread: H4 / TPR
+const LD: u32 = {{LD}}u;          // vec4s of K (and of V) a thread loads a tile: BK H4 / WG
 const KS: u32 = H4 + 1u;          // a key's stride in ks (vec4s): threads scoring different keys hit different banks
 const QS: u32 = H4 + 1u;          // a query's stride in qs (vec4s): a subgroup's query rows on different banks
 const SS: u32 = BK + 1u;          // a query's stride in sc: the same for its weights
@@ -42,12 +45,42 @@ var<workgroup> ks: array<vec4<f32>, {{BK_KS}}>;   // [key][dim / 4], KS apart
 var<workgroup> vs: array<vec4<f32>, {{BK_H4}}>;   // [key][dim / 4]
 var<workgroup> sc: array<f32, {{BQ_SS}}>;         // [query][key], SS apart: softmax weights
 var<workgroup> pm: array<f32, WG>;                // [thread of a row][query]: partial row maxima
-var<workgroup> row_m: array<f32, {{BQ}}>;
-var<workgroup> row_l: array<f32, {{BQ}}>;
-var<workgroup> row_c: array<f32, {{BQ}}>;         // this tile's rescale of the row's output
 
-fn kv_pair(w: u32, u: u32) -> vec4<f32> {
-    return vec4<f32>(unpack2x16float(w), unpack2x16float(u));
+// A thread's share of a key tile (LD vec4s of K and of V, f16 pairs as loaded), in registers: the next
+// tile's loads are in flight while this one is scored.
+struct Tile {
+#unroll LD c
+    k$c: vec2<u32>,
+    v$c: vec2<u32>,
+#end
+}
+
+fn kv_pair(w: vec2<u32>) -> vec4<f32> {
+    return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
+}
+
+fn load_tile(li: u32, seq: u32, kvh: u32, k0: u32, last: u32) -> Tile {
+    var t: Tile;
+#unroll LD c
+    {
+        let i = li + $cu * WG;
+        let r = ((kv_at(seq, min(k0 + i / H4, last)) * p.n_kv + kvh) * H4 + i % H4) * 2u;
+        t.k$c = vec2<u32>(kc[r], kc[r + 1u]);
+        t.v$c = vec2<u32>(vc[r], vc[r + 1u]);
+    }
+#end
+    return t;
+}
+
+fn store_tile(li: u32, t: Tile, k0: u32, last: u32) {
+#unroll LD c
+    {
+        let i = li + $cu * WG;
+        ks[(i / H4) * KS + i % H4] = kv_pair(t.k$c);
+        // unwritten rows could hold NaNs, and 0 * NaN is NaN
+        vs[i] = select(vec4<f32>(0.0), kv_pair(t.v$c), k0 + i / H4 <= last);
+    }
+#end
 }
 
 @compute @workgroup_size(256)
@@ -65,25 +98,22 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         let o = (t0 + min(i / H4, nq - 1u)) * stride + h * HD + (i % H4) * 4u;
         qs[(i / H4) * QS + i % H4] = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
     }
-    if (li < BQ) { row_m[li] = MASKED; row_l[li] = 0.0; }
     let qi = li / TPR;                            // this thread's query row
     let lane = li % TPR;
     let qpos = pos0 + qi;
+    // the row's running max and sum, kept alike by each of its threads
+    var row_m = MASKED;
+    var row_l = 0.0;
     // keys before the first query's window start are visible to no query of the tile
     var k_lo = 0u;
     if (p.window > 0u && pos0 + 1u > p.window) { k_lo = pos0 + 1u - p.window; }
     var acc: array<vec4<f32>, OV>;
+    var tile = load_tile(li, seq, kvh, k_lo, last);
     for (var k0 = k_lo; k0 <= last; k0 += BK) {
         workgroupBarrier();                       // the last tile's readers are done
-        for (var i = li; i < BK * H4; i += WG) {
-            let kj = i / H4;
-            let key = k0 + kj;
-            let r = ((kv_at(seq, min(key, last)) * p.n_kv + kvh) * H4 + i % H4) * 2u;
-            ks[kj * KS + i % H4] = kv_pair(kc[r], kc[r + 1u]);
-            // unwritten rows could hold NaNs, and 0 * NaN is NaN
-            vs[i] = select(vec4<f32>(0.0), kv_pair(vc[r], vc[r + 1u]), key <= last);
-        }
+        store_tile(li, tile, k0, last);
         workgroupBarrier();
+        tile = load_tile(li, seq, kvh, k0 + BK, last);      // (past the end: clamped, unused)
 #unroll KPT e
         var d$e = 0.0;
 #end
@@ -108,20 +138,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
         pm[lane * BQ + qi] = mx;
         workgroupBarrier();
-        if (li < BQ) {
-            let m_old = row_m[li];
-            var m = m_old;
-            for (var j = 0u; j < TPR; j++) { m = max(m, pm[j * BQ + li]); }
-            row_c[li] = select(1.0, exp(m_old - m), m_old > MASKED);
-            row_m[li] = m;
-        }
-        workgroupBarrier();
-        let m = row_m[qi];
+        var m = row_m;
+        for (var j = 0u; j < TPR; j++) { m = max(m, pm[j * BQ + qi]); }
+        let c = select(1.0, exp(row_m - m), row_m > MASKED);     // this tile's rescale of the row's output
+        row_m = m;
 #unroll KPT e
         sc[qi * SS + lane + $eu * TPR] = select(0.0, exp(s[$e] - m), s[$e] > MASKED);
 #end
         workgroupBarrier();
-        let c = row_c[qi];
 #unroll OV o
         acc[$o] *= c;
 #end
@@ -133,18 +157,17 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
             acc[$o] += w * vs[kj * H4 + lane + $ou * TPR];
 #end
         }
-        if (lane == 0u) { row_l[qi] = row_l[qi] * c + l; }
+        row_l = row_l * c + l;
     }
-    workgroupBarrier();
     if (qi < nq) {
 #if SINKS
         // the sink's term in the denominator, rescaled to the larger of the row's max and the sink;
         // the output by the same factor
-        let mf = max(row_m[qi], sinks[h]);
-        let keep = exp(row_m[qi] - mf);
-        let inv = keep / (row_l[qi] * keep + exp(sinks[h] - mf));
+        let mf = max(row_m, sinks[h]);
+        let keep = exp(row_m - mf);
+        let inv = keep / (row_l * keep + exp(sinks[h] - mf));
 #else
-        let inv = 1.0 / row_l[qi];
+        let inv = 1.0 / row_l;
 #endif
         let o = ((t0 + qi) * p.n_heads + h) * HD;
 #unroll OV o

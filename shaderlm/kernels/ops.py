@@ -203,7 +203,7 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         h4 = head_dim // 4
         defines, res = _paged(paging, *_sinks(sinks, dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256,
                                                            OV=h4 * bq // 256, BQ_QS=bq * (h4 + 1), BK_KS=bk * (h4 + 1),
-                                                           BK_H4=bk * h4, BQ_SS=bq * (bk + 1)),
+                                                           BK_H4=bk * h4, BQ_SS=bq * (bk + 1), LD=bk * h4 // 256),
                                               [params, st, qkv, k_cache, v_cache, out]))
         pipe = pipeline(dev, "attention_prefill", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, cdiv(n, bq)), label="attention_prefill")
@@ -233,9 +233,9 @@ def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
 def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
     """The tile's workgroup memory fits and its thread layout covers the head (a row's threads split
     its keys and its head dims evenly)."""
-    words = bq * (head_dim + 4) + bk * (head_dim + 4) + bk * head_dim + bq * (bk + 1) + 256 + 3 * bq
+    words = bq * (head_dim + 4) + bk * (head_dim + 4) + bk * head_dim + bq * (bk + 1) + 256
     return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384) and bq * bk >= 256
-            and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0)
+            and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0 and bk * head_dim % 1024 == 0)
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
