@@ -29,60 +29,46 @@ def _timestamp_period(dev) -> float:
 
 def time_dispatches(dev, plan, n: int = 1) -> list[float]:
     """Seconds per dispatch of `plan` run once with n tokens."""
-    ds = plan.dispatches
-    inside = "timestamp-query-inside-passes" in dev.features
-    if not inside and dev.has_timestamps:
-        return _time_in_passes(dev, ds, n)
-    if not inside:
-        print("shaderlm profile: no timestamp queries inside passes on this adapter; timing each "
-              "dispatch on the CPU (includes submit and sync)", file=sys.stderr)
-        out = []
-        for d in ds:
-            sub = type(plan)(dev, [d])
-            t0 = time.perf_counter()
-            sub.run(n)
-            dev.read(plan_state_probe(dev), np.uint32)
-            out.append(time.perf_counter() - t0)
-        return out
-    count = len(ds) + 1
+    singles = [type(plan)(dev, [d]) for d in plan.dispatches]
+    if "timestamp-query-inside-passes" in dev.features:
+        def record(enc, qs):
+            cpass = enc.begin_compute_pass()
+            cpass._write_timestamp(qs, 0)
+            for i, one in enumerate(singles):
+                one.encode(cpass, n)
+                cpass._write_timestamp(qs, i + 1)
+            cpass.end()
+        return list(np.diff(_timestamps(dev, len(singles) + 1, record)))
+    if dev.has_timestamps:
+        def record(enc, qs):
+            for i, one in enumerate(singles):
+                cpass = enc.begin_compute_pass(timestamp_writes={
+                    "query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1})
+                one.encode(cpass, n)
+                cpass.end()
+        ts = _timestamps(dev, 2 * len(singles), record)
+        return list(ts[1::2] - ts[0::2])
+    print("shaderlm profile: no timestamp queries on this adapter; timing each dispatch on the CPU "
+          "(includes submit and sync)", file=sys.stderr)
+    out = []
+    for one in singles:
+        t0 = time.perf_counter()
+        one.run(n)
+        dev.read(plan_state_probe(dev), np.uint32)
+        out.append(time.perf_counter() - t0)
+    return out
+
+
+def _timestamps(dev, count: int, record) -> np.ndarray:
+    """Seconds of `count` timestamps that `record(encoder, query_set)` writes, run once."""
     qs = dev.device.create_query_set(type="timestamp", count=count)
     resolve = dev.device.create_buffer(size=8 * count, usage=BufferUsage.QUERY_RESOLVE | BufferUsage.COPY_SRC)
     enc = dev.encoder()
-    cpass = enc.begin_compute_pass()
-    cpass._write_timestamp(qs, 0)
-    for i, d in enumerate(ds):
-        x, y, z = d.workgroups(n)
-        if x and y and z:
-            cpass.set_pipeline(d.pipeline)
-            cpass.set_bind_group(0, d.bind_group)
-            cpass.dispatch_workgroups(x, y, z)
-        cpass._write_timestamp(qs, i + 1)
-    cpass.end()
+    record(enc, qs)
     enc.resolve_query_set(qs, 0, count, resolve, 0)
     dev.submit([enc.finish()])
     ts = np.frombuffer(dev.queue.read_buffer(resolve), np.uint64).astype(np.float64)
-    return list(np.diff(ts) * _timestamp_period(dev) * 1e-9)
-
-
-def _time_in_passes(dev, ds, n: int) -> list[float]:
-    """Seconds per dispatch, each in a pass of its own timed from the pass's start to its end."""
-    count = 2 * len(ds)
-    qs = dev.device.create_query_set(type="timestamp", count=count)
-    resolve = dev.device.create_buffer(size=8 * count, usage=BufferUsage.QUERY_RESOLVE | BufferUsage.COPY_SRC)
-    enc = dev.encoder()
-    for i, d in enumerate(ds):
-        cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
-                                                         "end_of_pass_write_index": 2 * i + 1})
-        x, y, z = d.workgroups(n)
-        if x and y and z:
-            cpass.set_pipeline(d.pipeline)
-            cpass.set_bind_group(0, d.bind_group)
-            cpass.dispatch_workgroups(x, y, z)
-        cpass.end()
-    enc.resolve_query_set(qs, 0, count, resolve, 0)
-    dev.submit([enc.finish()])
-    ts = np.frombuffer(dev.queue.read_buffer(resolve), np.uint64).astype(np.float64).reshape(-1, 2)
-    return list((ts[:, 1] - ts[:, 0]) * _timestamp_period(dev) * 1e-9)
+    return ts * _timestamp_period(dev) * 1e-9
 
 
 _probe = {}

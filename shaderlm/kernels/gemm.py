@@ -130,8 +130,14 @@ def k_slices(rows: int, cols: int) -> int:
     """How many slices of K a few-token GEMM of this matrix splits into (each MIN_SLICE elements or more,
     a multiple of 64): enough for SPLIT_GROUPS workgroups of 64 rows. A function of the matrix alone, so
     that a token's sums are added in the same order in every batch."""
+    return _halvings(cdiv(rows, 64), cols, SPLIT_GROUPS, 64, MIN_SLICE)
+
+
+def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -> int:
+    """Slices of K (a power of two) for a GEMM of `tiles` workgroups: K halved until they make `target`,
+    while each slice stays whole K steps of `k_step` and at least `min_slice` elements."""
     s = 1
-    while cdiv(rows, 64) * s < SPLIT_GROUPS and cols % (128 * s) == 0 and cols // (2 * s) >= MIN_SLICE:
+    while tiles * s < target and cols % (2 * k_step * s) == 0 and cols // (2 * s) >= min_slice:
         s *= 2
     return s
 
@@ -180,11 +186,7 @@ def tc_slices(rows: int, cols: int, tokens: int) -> int:
     """How many slices of K matmul_tc splits a matrix into for `tokens` tokens (their sums added in order
     by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW workgroups."""
     tiles = cdiv(rows, TC_TILE[0]) * cdiv(tokens, TC_TILE[1])
-    s = 1
-    while (tiles < TC_SPLIT_BELOW and tiles * s < TC_SPLIT_TARGET and cols % (64 * s) == 0
-           and cols // (2 * s) >= TC_MIN_SLICE):
-        s *= 2
-    return s
+    return 1 if tiles >= TC_SPLIT_BELOW else _halvings(tiles, cols, TC_SPLIT_TARGET, 32, TC_MIN_SLICE)
 
 
 def _tc_row_bytes() -> int:

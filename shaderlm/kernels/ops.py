@@ -57,7 +57,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     their gated activation, GELU with `gelu`, else `act`) are folded in;
     `decode_batch`: x is a serving step's rows, gemm.matmul_q8), else f32;
     without `tiled`, matmul.wgsl taking tt tokens per pass over the weights (better for a few tokens).
-    batch: a serving step's rows, each a token of its own sequence (the decode GEMV's batch)."""
+    batch: a fixed number of rows, each a token of its own sequence (a serving step's; the decode GEMV's
+    batch), whatever the plan's token count."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
         if int8_gemm(w, tt=tt, tiled=tiled, int8=int8):
@@ -88,8 +89,9 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
                              int(from_state_row), float(eps))
         res = [params, st, c.buffer, x, y, bias, norm]
         gx = min(cdiv(rows, rows_per_wg), lim)
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx: (gx, cdiv(n, tt)),
-                            label=f"matmul.{w.qtype.name}", bytes=c.buffer.size))
+        grid = (gx, cdiv(batch, tt)) if batch else (lambda n, gx=gx: (gx, cdiv(n, tt)))
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), grid, label=f"matmul.{w.qtype.name}",
+                            bytes=c.buffer.size))
     return out
 
 
@@ -199,11 +201,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     tile = None if fused or not tiled or (paging and paging.rows is not None) else (
         prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
-        bq, bk = tile
-        h4 = head_dim // 4
-        defines, res = _paged(paging, *_sinks(sinks, dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256,
-                                                           OV=h4 * bq // 256, BQ_QS=bq * (h4 + 1), BK_KS=bk * (h4 + 1),
-                                                           BK_H4=bk * h4, BQ_SS=bq * (bk + 1), LD=bk * h4 // 256),
+        bq = tile[0]
+        defines, res = _paged(paging, *_sinks(sinks, _prefill_tile_defines(head_dim, *tile),
                                               [params, st, qkv, k_cache, v_cache, out]))
         pipe = pipeline(dev, "attention_prefill", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, cdiv(n, bq)), label="attention_prefill")
@@ -230,10 +229,19 @@ def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
     return None
 
 
+def _prefill_tile_defines(head_dim: int, bq: int, bk: int) -> dict:
+    """attention_prefill.wgsl's defines for a (queries, keys) tile: its thread layout and the sizes
+    of its workgroup arrays (BQ_QS, BK_KS, BK_H4 vec4s; BQ_SS floats; and 256 floats of row maxima)."""
+    h4 = head_dim // 4
+    return dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256, OV=h4 * bq // 256, BQ_QS=bq * (h4 + 1),
+                BK_KS=bk * (h4 + 1), BK_H4=bk * h4, BQ_SS=bq * (bk + 1), LD=bk * h4 // 256)
+
+
 def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
     """The tile's workgroup memory fits and its thread layout covers the head (a row's threads split
     its keys and its head dims evenly)."""
-    words = bq * (head_dim + 4) + bk * (head_dim + 4) + bk * head_dim + bq * (bk + 1) + 256
+    d = _prefill_tile_defines(head_dim, bq, bk)
+    words = 4 * (d["BQ_QS"] + d["BK_KS"] + d["BK_H4"]) + d["BQ_SS"] + 256
     return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384) and bq * bk >= 256
             and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0 and bk * head_dim % 1024 == 0)
 

@@ -20,7 +20,7 @@ from ..gpu.device import READBACK, STORAGE, UNIFORM, pack_params
 from ..gpu.plan import Plan
 from ..gpu.tuner import tune_plan
 from ..kernels import gemm, ops
-from ..kernels.gemv import can_pair, expert_gemv, gemv_pair, wide_ok
+from ..kernels.gemv import can_pair, expert_gemv, gemv_pair
 from ..kernels.quants import QUANT_TYPES
 from ..kernels.tuning import open_cache
 from ..kernels.weights import GPUWeight, concat_rows, dequantize, upload_weight
@@ -525,7 +525,7 @@ class Transformer:
                                eps=a.rms_eps)
         norm = ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, b.state, dim=a.dim, eps=a.rms_eps,
                            from_state_row=True)
-        if tt == 1 and not b.batch and wide_ok(self.lm_head):
+        if tt == 1 and not b.batch:
             return [norm, *ops.matmul(self.dev, self.lm_head, self.xn, b.logits, b.state, tt=1,
                                       y_stride=b.logit_stride, batch=1)]
         return [norm, *self.matmul(self.lm_head, self.xn, b.logits, tt=tt, y_stride=b.logit_stride, from_state_row=True)]
