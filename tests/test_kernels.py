@@ -295,6 +295,36 @@ def test_matmul_tensor_cores(dev, qtype, monkeypatch):
     assert "matmul_split" in labels and any(x.startswith("matmul_tc") for x in labels), labels
 
 
+@pytest.mark.parametrize("qtype", ("Q4_K", "Q6_K"))
+def test_matmul_tensor_cores_decode_batch(dev, qtype, monkeypatch):
+    """A decode batch's rows on matmul_tc (gemm.TC_BATCH_ROWS or more; here from 16) in tiles of 64 and of
+    128 tokens: within tc_error_bound of the exact product with the epilogue and a split K, and a token's
+    result bit-identical in batches of different sizes and company (its integer sums are exact; its
+    slices are the matrix's)."""
+    emulated = not dev.has_int8_matrix
+    if emulated and not dev.has_subgroups:
+        pytest.skip("emulated once, on an adapter with subgroups")
+    monkeypatch.setattr(gemm, "TC_EMULATE", emulated)
+    if not gemm.tensor_cores(dev):
+        pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
+    monkeypatch.setattr(gemm, "TC_MIN_SLICE", 128)
+    monkeypatch.setattr(gemm, "TC_BATCH_ROWS", 16)
+    rows, k = 130, 512
+    for n, feature in ((20, dict()), (100, dict(accumulate=True, bias=True, row0=3, y_extra=5))):
+        labels = check_matmul(dev, qtype, rows, k, n, n, seed=n, int8=True, decode_batch=True, **feature)
+        assert any(x.startswith("matmul_tc") for x in labels) and "matmul_split" in labels, labels
+    rng = np.random.default_rng(5)
+    raw, _ = make_weight(qtype, rows, k, rng)
+    w = upload(dev, qtype, raw, rows, k)
+    x = rng.standard_normal((100, k)).astype(np.float32)
+    out = []
+    for n, xs in ((16, x[:16]), (100, x)):
+        xb, yb = dev.upload(xs), dev.buffer(4 * n * rows)
+        run(dev, ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, decode_batch=True), n)
+        out.append(read_f32(dev, yb, (n, rows)))
+    assert np.array_equal(out[0].view(np.uint32), out[1][:len(out[0])].view(np.uint32))
+
+
 def test_quantize_digits(dev):
     """quantize_q8's digits (the tensor-core GEMM's x): X = round(LIM x / max|x|) a token as 256 hi + lo,
     both int8, and the grid step max|x| / LIM; a row of zeros stays zero."""

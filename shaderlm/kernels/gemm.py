@@ -172,9 +172,12 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     return out
 
 
-TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup
-TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32 (256: 8 of 32 x 64)
+TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup for a prompt
+TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
+# A decode batch of this many rows or more takes matmul_tc, in tiles of 64 tokens up to 64 (a pass over
+# the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
+TC_BATCH_ROWS = 64
 TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
 TC_SPLIT_BELOW = 128                # a matrix whose tiles make fewer workgroups (a wave or less on a large GPU)
 TC_SPLIT_TARGET = 256               # has K split in slices until they make this many
@@ -204,24 +207,28 @@ def tensor_cores(dev) -> bool:
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              **fused) -> list[Dispatch]:
+              decode_batch: bool = False, **fused) -> list[Dispatch]:
     """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
-    they are staged. `fused`: quantize_q8's norm / eps / glu_input."""
+    they are staged. A decode batch's slices of K are a function of the matrix alone (its sums are
+    integers until each slice's scaling), so that a token's result is the same in every batch.
+    `fused`: quantize_q8's norm / eps / glu_input."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    wg = TC_THREADS
+    bn, wg = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1], TC_THREADS
+    rw = _tc_row_bytes() // 4
     for c in w.chunks:
-        slices = tc_slices(c.rows, w.cols, max_tokens)
+        slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
-        pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, **kw, SPLIT=slices, WG=wg, NJ=8 * 128 // wg,
-                        EW=512 // wg, XV=512 // wg, RS=_tc_row_bytes(), EMULATE=TC_EMULATE)
+        pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, **kw, SPLIT=slices, WG=wg, BN=bn, NJ=8 * bn // wg,
+                        EW=512 // wg, XV=cdiv(4 * bn, wg), XS=max(4 * bn * rw, 8 * wg), RS=4 * rw,
+                        EMULATE=TC_EMULATE)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)
         res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, part] + ([bias] if bias is not None and slices == 1 else [])
         gx = cdiv(c.rows, TC_TILE[0])
-        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, z=slices: (gx, cdiv(n, TC_TILE[1]), z),
+        out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, z=slices, bn=bn: (gx, cdiv(n, bn), z),
                             label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size))
         if slices > 1:
             out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
@@ -249,8 +256,8 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     `fused`: quantize_q8's norm / eps / glu_input."""
     kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
               from_state_row=from_state_row, **fused)
-    if not decode_batch and tile is None and max_tokens >= TC_MIN_TOKENS and tensor_cores(dev):
-        return matmul_tc(dev, w, x, y, st, **kw)
+    if tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev):
+        return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, **kw)
     if decode_batch and max_tokens <= FEW_TOKENS:
         return matmul_few(dev, w, x, y, st, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,

@@ -5,10 +5,11 @@
 // (quantize_q8.wgsl's TOKEN), 16 bits each, as two int8 digits X = 256 hi + lo. A row's sum is then
 // integer to the end: C = 65536 hi.hi + 256 (hi.lo + lo.hi) (lo.lo, under 2^-16 of C, is dropped), in
 // two i32 accumulators over all of K, and y = rw[row] xd[t] C: about as exact as f32 x and weights.
-// A workgroup: BM = 128 rows x BN = 128 tokens, WG / 32 subgroups (8 or 16) of 32 rows x NJ 16 tokens
-// (2 x NJ products of 16 x 16, three each a K step); K steps of 32, two workgroup buffers (the next
-// step's loads in flight while this one multiplies). Each weight is decoded (dq8) and rounded to its
-// digits as it is staged: a thread takes EW runs of 8 of a row, and XV vec4s of x's digits.
+// A workgroup: BM = 128 rows x BN tokens (128; 64 for a decode batch of 64 rows or fewer), WG / 32
+// subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each a K step); K steps of 32,
+// two workgroup buffers (the next step's loads in flight while this one multiplies). Each weight is
+// decoded (dq8) and rounded to its digits as it is staged: a thread takes EW runs of 8 of a row, and up
+// to XV of x's XN vec4s of digits.
 // PARTIALS: K in SPLIT slices, one a grid z (a matrix of few tiles would leave most of the GPU idle); a
 // slice's results go to y as partials [slice][token][row] for matmul_split.wgsl to add in order.
 // EMULATE (tests on adapters without subgroup matrices): the matrix operations in plain WGSL (below).
@@ -38,16 +39,18 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 
 const WG: u32 = {{WG}}u;
 const BM: u32 = 128u;
-const BN: u32 = 128u;
+const BN: u32 = {{BN}}u;
 const SPLIT: u32 = {{SPLIT}}u;   // slices of K (grid z)
 const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
 const TPR: u32 = WG / BM;        // threads a row's 32 weights (2 or 4): EW runs of 8 each
 const RS: u32 = {{RS}}u;         // bytes a staged row of 32: 48, the 16 more keep a product's rows on distinct banks
 const RW: u32 = RS / 4u;
-// [buffer][digit][row][RW words] (48 KiB in all, 32 with RS 32); after the loop, the subgroups' sums
-const BUF: u32 = 2u * BM * RW;   // words a buffer (BN = BM: the same for x)
+const XN: u32 = 4u * BN;          // x's vec4s a K step: [digit][token][half of its 32 bytes]
+// [buffer][digit][row or token][RW words]; after the loop, the subgroups' sums (256 words each in both)
+const BUF: u32 = 2u * BM * RW;   // words a buffer of W
+const XBUF: u32 = 2u * BN * RW;  // of x
 var<workgroup> ws: array<i32, 2u * BUF>;
-var<workgroup> xs: array<i32, 2u * BUF>;
+var<workgroup> xs: array<i32, {{XS}}u>;     // max(2 XBUF, 8 WG)
 
 // The matrix operations: 16 x 32 int8 tiles of W (row-major) from ws and of x (a token's 32 bytes
 // together) from xs, offsets and strides in bytes; 16 x 16 i32 sums, stored column-major into ws / xs.
@@ -130,8 +133,10 @@ fn load_stage(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Stage {
 #unroll XV e
     {
         let i = li + $eu * WG;                 // [digit][token][half of the token's 32 bytes]
-        s.x$e = xq[(i / (2u * BN)) * (p.plane / 4u) + min(t_base + (i % (2u * BN)) / 2u, m - 1u) * (p.k / 16u)
-                   + step * 2u + i % 2u];
+        if (XN % WG == 0u || i < XN) {
+            s.x$e = xq[(i / (2u * BN)) * (p.plane / 4u) + min(t_base + (i % (2u * BN)) / 2u, m - 1u) * (p.k / 16u)
+                       + step * 2u + i % 2u];
+        }
     }
 #end
     return s;
@@ -160,7 +165,9 @@ fn store_stage(li: u32, buf: u32, s: Stage, inv: f32) {
 #unroll XV e
     {
         let i = li + $eu * WG;
-        put4(buf * BUF + (i / (2u * BN)) * BN * RW + ((i % (2u * BN)) / 2u) * RW + (i % 2u) * 4u, s.x$e, true);
+        if (XN % WG == 0u || i < XN) {
+            put4(buf * XBUF + (i / (2u * BN)) * BN * RW + ((i % (2u * BN)) / 2u) * RW + (i % 2u) * 4u, s.x$e, true);
+        }
     }
 #end
 }
@@ -192,14 +199,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     workgroupBarrier();
     for (var s = 0u; s < steps; s++) {
         let next = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
-        let b0 = (s & 1u) * BUF * 4u;       // the buffer's first byte
+        let b0 = (s & 1u) * BUF * 4u;       // the buffers' first bytes
+        let x0 = (s & 1u) * XBUF * 4u;
 #unroll 2 i
         let ah$i = load_w(b0 + (r0 + $i * 16u) * RS);
         let al$i = load_w(b0 + (BM + r0 + $i * 16u) * RS);
 #end
 #unroll NJ j
-        let bh$j = load_x(b0 + (c0 + $j * 16u) * RS);
-        let bl$j = load_x(b0 + (BN + c0 + $j * 16u) * RS);
+        let bh$j = load_x(x0 + (c0 + $j * 16u) * RS);
+        let bl$j = load_x(x0 + (BN + c0 + $j * 16u) * RS);
 #end
 #unroll 2 i
 #unroll NJ j
