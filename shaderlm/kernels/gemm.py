@@ -8,7 +8,8 @@ a workgroup, each weight tile decoded once into workgroup memory.
   int8 for a decode batch's few rows (matmul_few.wgsl): the same integer dots and folds with no tiles,
       each weight run decoded once in registers for every row.
   tensor cores (matmul_tc.wgsl, where the device has exact int8 subgroup matrices): W on one 16-bit grid
-      a row and x one a token, each as two int8 digits, products of 16 x 16 x 32 into i32.
+      a row and x one a token, each as two int8 digits, products of 16 x 16 x 32 into i32; prompts, and
+      decode batches of TC_BATCH_ROWS rows or more.
 """
 from __future__ import annotations
 
@@ -199,8 +200,8 @@ def _tc_row_bytes() -> int:
 
 
 def tensor_cores(dev) -> bool:
-    """Whether prompts' GEMMs run on matmul_tc: exact int8 subgroup matrices (or TC_EMULATE), and room
-    for its tiles (two buffers of both digits of W's and x's)."""
+    """Whether prompts' GEMMs (and large decode batches') run on matmul_tc: exact int8 subgroup matrices
+    (or TC_EMULATE), and room for its tiles (two buffers of both digits of W's and x's)."""
     return ((dev.has_int8_matrix or TC_EMULATE)
             and dev.limit("max-compute-workgroup-storage-size", 0) >= 8 * 128 * _tc_row_bytes()
             and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
@@ -215,8 +216,8 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     `fused`: quantize_q8's norm / eps / glu_input."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    bn, wg = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1], TC_THREADS
-    rw = _tc_row_bytes() // 4
+    bn = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1]        # tokens a workgroup
+    wg, rw = TC_THREADS, _tc_row_bytes() // 4
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
