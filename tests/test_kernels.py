@@ -393,6 +393,43 @@ def test_batch_gemms_do_not_depend_on_the_batch(dev, qtype, small, large):
     assert np.array_equal(out[0].view(np.uint32), out[1][:small].view(np.uint32))
 
 
+@pytest.mark.parametrize("path", ["prompt", "few", "split", "tensor cores"])
+def test_int8_gemms_share_x_rounding(dev, path, monkeypatch):
+    """Matmuls over one x into consecutive rows (Q/K/V of different types): the second reuses the first's
+    rounding of x where it is the same (x_after: the tensor cores' digits always, int8 runs of the same
+    length), with the results of rounding it again, bit for bit."""
+    if path == "tensor cores":
+        if not dev.has_int8_matrix and not dev.has_subgroups:
+            pytest.skip("emulated once, on an adapter with subgroups")
+        monkeypatch.setattr(gemm, "TC_EMULATE", not dev.has_int8_matrix)
+        if not gemm.tensor_cores(dev):
+            pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
+    else:
+        monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
+    n = {"prompt": 150, "few": 8, "split": 24, "tensor cores": 130}[path]
+    decode_batch = path in ("few", "split")
+    rng = np.random.default_rng(3)
+    rows, k = 70, 2048 if path == "split" else 512          # K long enough to be split (gemm.k_slices)
+    ws = [upload(dev, q, make_weight(q, rows, k, rng)[0], rows, k) for q in ("Q4_K", "Q4_0", "Q6_K")]
+    x = dev.upload(rng.standard_normal((n, k)).astype(np.float32))
+    st = state(dev, n=n)
+    kw = dict(tt=n, y_stride=3 * rows, int8=True, decode_batch=decode_batch)
+    got, want = dev.buffer(4 * n * 3 * rows), dev.buffer(4 * n * 3 * rows)
+    shared, alone, prev = [], [], None
+    for i, w in enumerate(ws):
+        shared.append(ops.matmul(dev, w, x, got, st, row0=i * rows, x_after=prev, **kw))
+        alone.append(ops.matmul(dev, w, x, want, st, row0=i * rows, **kw))
+        prev = w
+    run(dev, [d for ds in shared for d in ds], n)
+    run(dev, [d for ds in alone for d in ds], n)
+    assert np.array_equal(read_f32(dev, got, (n, 3 * rows)).view(np.uint32), read_f32(dev, want, (n, 3 * rows)).view(np.uint32))
+    kernel = {"prompt": "matmul_q8", "few": "matmul_few", "split": "matmul_split", "tensor cores": "matmul_tc"}[path]
+    assert all(any(d.label.startswith(kernel) for d in ds) for ds in shared), [d.label for d in shared[0]]
+    rounds = [sum(d.label.startswith("quantize") for d in ds) for ds in shared]
+    # Q4_0 runs of 32 like Q4_K's; Q6_K's of 16 are rounded again (the tensor cores' digits are one for all)
+    assert rounds == ([1, 0, 0] if path == "tensor cores" else [1, 0, 1]), rounds
+
+
 def test_k_slices_fit_the_partials_scratch():
     """Split GEMMs share one scratch buffer of gemm.PARTIALS sums a token: every matrix's slices fit it,
     and each slice is whole K steps of 64 and at least gemm.MIN_SLICE long."""

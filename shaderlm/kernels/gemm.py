@@ -155,12 +155,13 @@ def few_rows(tokens: int) -> int:
 
 
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-               **fused) -> list[Dispatch]:
+               x_ready: bool = False, **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
     once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
     for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
+    out = [] if x_ready else out
     r = few_rows(max_tokens)
     bm = FEW_THREADS // FEW_LANES * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
@@ -208,7 +209,7 @@ def tensor_cores(dev) -> bool:
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              decode_batch: bool = False, **fused) -> list[Dispatch]:
+              decode_batch: bool = False, x_ready: bool = False, **fused) -> list[Dispatch]:
     """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
     they are staged. A decode batch's slices of K are a function of the matrix alone (its sums are
@@ -216,6 +217,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     `fused`: quantize_q8's norm / eps / glu_input."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
+    out = [] if x_ready else out
     bn = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1]        # tokens a workgroup
     wg, rw = TC_THREADS, _tc_row_bytes() // 4
     for c in w.chunks:
@@ -248,21 +250,26 @@ def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, decode_batch: bool = False, **fused) -> list[Dispatch]:
+              tile=None, decode_batch: bool = False, x_after=None, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
     choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
     FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) run on them (matmul_tc).
+    `x_after`: a weight this GEMM's x (the same rows, norm and activation) was just taken by, through
+    this function with the same tokens: x's rounding is reused where it is the same (the tensor cores'
+    digits whatever the types; int8 runs of the same length).
     `fused`: quantize_q8's norm / eps / glu_input."""
     kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
               from_state_row=from_state_row, **fused)
+    same_run = x_after is not None and x_after.qtype.iq8_run == w.qtype.iq8_run
     if tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev):
-        return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, **kw)
+        return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, x_ready=x_after is not None, **kw)
     if decode_batch and max_tokens <= FEW_TOKENS:
-        return matmul_few(dev, w, x, y, st, **kw)
+        return matmul_few(dev, w, x, y, st, x_ready=same_run, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
+    out = [] if same_run else out
     for c in w.chunks:
         t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
         tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)

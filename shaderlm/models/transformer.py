@@ -407,10 +407,10 @@ class Transformer:
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
             return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch,
                              nt_max=self.batch_tokens, **norm)
-        out, row0 = [], 0
+        out, row0, prev = [], 0, None
         for w in parts:
-            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, **norm)
-            row0 += w.rows
+            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, x_after=prev, **norm)
+            row0, prev = row0 + w.rows, w
         return out
 
     def matmul(self, w, x, y, **kw) -> list:
@@ -459,10 +459,10 @@ class Transformer:
         a, gu = self.args, self.layers[i].gate_up
         if fused:
             return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
-        out, row0 = [], 0
+        out, row0, prev = [], 0, None
         for w in gu:
-            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, **norm)
-            row0 += w.rows
+            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, **norm)
+            row0, prev = row0 + w.rows, w
         if not activation:
             return out
         return out + [ops.glu(self.dev, self.gu, self.h, self.b.state, ffn=a.ffn_dim, gelu=self.gelu)]
