@@ -422,7 +422,8 @@ def test_int8_gemms_share_x_rounding(dev, path, monkeypatch):
         prev = w
     run(dev, [d for ds in shared for d in ds], n)
     run(dev, [d for ds in alone for d in ds], n)
-    assert np.array_equal(read_f32(dev, got, (n, 3 * rows)).view(np.uint32), read_f32(dev, want, (n, 3 * rows)).view(np.uint32))
+    shape = (n, 3 * rows)
+    assert np.array_equal(read_f32(dev, got, shape).view(np.uint32), read_f32(dev, want, shape).view(np.uint32))
     kernel = {"prompt": "matmul_q8", "few": "matmul_few", "split": "matmul_split", "tensor cores": "matmul_tc"}[path]
     assert all(any(d.label.startswith(kernel) for d in ds) for ds in shared), [d.label for d in shared[0]]
     rounds = [sum(d.label.startswith("quantize") for d in ds) for ds in shared]
