@@ -80,14 +80,14 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
 
 def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: int, rows_per_token: int = 1,
                 norm=None, eps: float = 0.0, glu_input: dict | None = None,
-                digits: bool = False) -> tuple[list[Dispatch], tuple]:
+                digits: bool = False, ready: bool = False) -> tuple[list[Dispatch], tuple]:
     """x's rows (k floats each, at most `tokens` of them; rows_per_token a token) as int8 blocks with a
     scale per `run` (16 or 32) elements: the dispatch and its three buffers. The buffers are scratch
     shared by every GEMM of this shape: plans run their dispatches in order. `norm` (a weight buffer):
     x RMS-normed first, as ops.rmsnorm would write it; `glu_input` (activation defines): x is [gate | up]
     rows of 2k floats and their gated activation is rounded, as ops.glu would write it. `digits`: for
     matmul_tc instead, a token's row on one 16-bit grid as two int8 digit planes, and its grid step
-    (two buffers)."""
+    (two buffers). `ready`: the GEMM before rounded this x the same way into these buffers: no dispatch."""
     if norm is not None and (glu_input is not None or from_state_row or rows_per_token != 1):
         raise ValueError("quantize_q8 folds a norm only into plain rows from the first")
     if digits and rows_per_token != 1:
@@ -100,6 +100,8 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
         bufs = (dev.scratch(f"q8.words.{tokens}x{k}", tokens * k), dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8),
                 dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8))
         wg = ROW_WG if norm is not None else 64
+    if ready:
+        return [], bufs
     pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None, TOKEN=digits,
                     REDUCE=norm is not None or digits,          # the workgroup reductions (reduce.wgsl)
                     GLU=glu_input is not None, **(glu_input or {}))
@@ -155,13 +157,12 @@ def few_rows(tokens: int) -> int:
 
 
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-               x_ready: bool = False, **fused) -> list[Dispatch]:
+               **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
     once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
-    for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input."""
+    for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
-    out = [] if x_ready else out
     r = few_rows(max_tokens)
     bm = FEW_THREADS // FEW_LANES * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
@@ -209,15 +210,14 @@ def tensor_cores(dev) -> bool:
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              decode_batch: bool = False, x_ready: bool = False, **fused) -> list[Dispatch]:
+              decode_batch: bool = False, **fused) -> list[Dispatch]:
     """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
     they are staged. A decode batch's slices of K are a function of the matrix alone (its sums are
     integers until each slice's scaling), so that a token's result is the same in every batch.
-    `fused`: quantize_q8's norm / eps / glu_input."""
+    `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    out = [] if x_ready else out
     bn = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1]        # tokens a workgroup
     wg, rw = TC_THREADS, _tc_row_bytes() // 4
     for c in w.chunks:
@@ -255,21 +255,22 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
     FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
-    prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) run on them (matmul_tc).
+    prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
+    more run on them (matmul_tc).
     `x_after`: a weight this GEMM's x (the same rows, norm and activation) was just taken by, through
     this function with the same tokens: x's rounding is reused where it is the same (the tensor cores'
     digits whatever the types; int8 runs of the same length).
     `fused`: quantize_q8's norm / eps / glu_input."""
+    on_tc = tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev)
+    fused["ready"] = x_after is not None and (on_tc or x_after.qtype.iq8_run == w.qtype.iq8_run)
     kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
               from_state_row=from_state_row, **fused)
-    same_run = x_after is not None and x_after.qtype.iq8_run == w.qtype.iq8_run
-    if tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev):
-        return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, x_ready=x_after is not None, **kw)
+    if on_tc:
+        return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, **kw)
     if decode_batch and max_tokens <= FEW_TOKENS:
-        return matmul_few(dev, w, x, y, st, x_ready=same_run, **kw)
+        return matmul_few(dev, w, x, y, st, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
-    out = [] if same_run else out
     for c in w.chunks:
         t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
         tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)
