@@ -30,6 +30,13 @@ def test_includes_conditionals_defines_and_unroll(tmp_path):
         load_wgsl("main", dict(EXTRA=False, N=1), root)
 
 
+def test_either_condition(tmp_path):
+    root = _files(tmp_path, main="#if A || !B\nconst kept: u32 = 1u;\n#endif")
+    assert "kept" in load_wgsl("main", dict(A=True, B=True), root)
+    assert "kept" in load_wgsl("main", dict(A=False, B=False), root)
+    assert "kept" not in load_wgsl("main", dict(A=False, B=True), root)
+
+
 def test_prefixed_include_renames_what_it_declares(tmp_path):
     root = _files(tmp_path, dec="@group(0) @binding(2) var<storage, read> w: array<u32>;\n"
                                 "fn load(i: u32) -> u32 { return w[i] + p.base; }",

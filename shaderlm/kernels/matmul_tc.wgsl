@@ -8,8 +8,9 @@
 // A workgroup: BM = 128 rows x BN tokens (128; 64 for a decode batch of 64 rows or fewer), WG / 32
 // subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each a K step); K steps of 32,
 // two workgroup buffers (the next step's loads in flight while this one multiplies). Each weight is
-// decoded (dq8) and rounded to its digits as it is staged: a thread takes EW runs of 8 of a row, and up
-// to XV of x's XN vec4s of digits.
+// decoded and rounded to its digits as it is staged: a thread takes EW runs of 8 of a row, and up to XV
+// of x's XN vec4s of digits. W4 (the types with raw8): a run's words in 16-byte loads, decoded when
+// staged; other types decode (dq8) as they load.
 // PARTIALS: K in SPLIT slices, one a grid z (a matrix of few tiles would leave most of the GPU idle); a
 // slice's results go to y as partials [slice][token][row] for matmul_split.wgsl to add in order.
 // EMULATE (tests on adapters without subgroup matrices): the matrix operations in plain WGSL (below).
@@ -28,7 +29,11 @@ diagnostic(off, chromium.subgroup_matrix_uniformity);
 struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, plane: u32, part_tokens: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
+#if W4
+@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;  // the types with 16-byte loads (raw8)
+#else
 @group(0) @binding(2) var<storage, read> w: array<u32>;
+#endif
 @group(0) @binding(3) var<storage, read> rw: array<f32>;            // a row's max |W|
 @group(0) @binding(4) var<storage, read> xq: array<vec4<u32>>;      // [digit][token][k / 16]
 @group(0) @binding(5) var<storage, read> xd: array<f32>;            // a token's grid step
@@ -113,22 +118,33 @@ fn store_w(o: u32, c: CM) { subgroupMatrixStore(&ws, o, c, true, 16u); }
 fn store_x(o: u32, c: CM) { subgroupMatrixStore(&xs, o, c, true, 16u); }
 #endif
 
-// A thread's share of a K step: 8 EW weights of one row (decoded) and XV vec4s of x's digits.
+#if !W4
+// Types without 16-byte loads of their own: a run decoded as it is loaded.
+struct Raw8 { v: V8 }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(dq8(blk, j)); }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return r.v; }
+#endif
+
+// A thread's share of a K step as loaded: EW runs of 8 weights of one row (raw8: as few loads as its
+// type allows, decoded by dq8_raw as they are staged) and XV vec4s of x's digits.
 struct Stage {
 #unroll EW e
-    w$e: V8,
+    w$e: Raw8,
 #end
 #unroll XV e
     x$e: vec4<u32>,
 #end
 }
 
+// the first element of K a thread's runs cover in a K step
+fn stage_k(li: u32, step: u32) -> u32 { return step * 32u + (li % TPR) * 8u * {{EW}}u; }
+
 fn load_stage(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Stage {
     var s: Stage;
-    let kk = step * 32u + (li % TPR) * 8u * {{EW}}u;
+    let kk = stage_k(li, step);
     let blk = min(r_base + li / TPR, p.rows - 1u) * (p.k / QK) + kk / QK;
 #unroll EW e
-    s.w$e = dq8(blk, (kk % QK) / 8u + $eu);
+    s.w$e = raw8(blk, (kk % QK) / 8u + $eu);
 #end
 #unroll XV e
     {
@@ -150,12 +166,14 @@ fn put4(o: u32, v: vec4<u32>, into_x: bool) {
     }
 }
 
-fn store_stage(li: u32, buf: u32, s: Stage, inv: f32) {
+fn store_stage(li: u32, buf: u32, step: u32, s: Stage, inv: f32) {
     let o = buf * BUF + (li / TPR) * RW + (li % TPR) * 2u * {{EW}}u;
+    let j0 = stage_k(li, step) % QK / 8u;
 #unroll EW e
     {
-        let d0 = digits(s.w$e.a, inv);         // (hi, lo) words of the run's first 4 weights
-        let d1 = digits(s.w$e.b, inv);
+        let v = dq8_raw(s.w$e, j0 + $eu);
+        let d0 = digits(v.a, inv);             // (hi, lo) words of the run's first 4 weights
+        let d1 = digits(v.b, inv);
         ws[o + $eu * 2u] = i32(d0.x);
         ws[o + $eu * 2u + 1u] = i32(d1.x);
         ws[o + BM * RW + $eu * 2u] = i32(d0.y);
@@ -195,7 +213,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var c$i$j = CM();
 #end
 #end
-    store_stage(li, 0u, load_stage(li, step0, r_base, t_base, m), inv);
+    store_stage(li, 0u, step0, load_stage(li, step0, r_base, t_base, m), inv);
     workgroupBarrier();
     for (var s = 0u; s < steps; s++) {
         let next = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
@@ -216,7 +234,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         c$i$j = mma(al$i, bh$j, c$i$j);
 #end
 #end
-        if (s + 1u < steps) { store_stage(li, (s + 1u) & 1u, next, inv); }
+        if (s + 1u < steps) { store_stage(li, (s + 1u) & 1u, step0 + s + 1u, next, inv); }
         workgroupBarrier();
     }
     // Each 16 x 16 pair of sums through workgroup memory (ws and xs; column-major: token n's 16 rows

@@ -1,6 +1,6 @@
 // Shared by the quant/*.wgsl decoders. The including kernel declares:
 //   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor),
-//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads)
+//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads) or W4 (matmul_tc's)
 //   a `p` (uniform, or const in gemv.wgsl) with field dbase: u32   first word of the split-off field
 //   array (read from p where needed: a private copy made NVIDIA's Vulkan compiler spill)
 // Each decoder defines QK (elements per block), QW (u32 words per block in the main region) and
@@ -19,8 +19,11 @@
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
 // and, where QuantType.int8_dot, under INT_DOT: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
 //   chunk_dot(cw, c, xq) over those instead.
+// Where QuantType.tc_raw8, under W4 (w as vec4s, for matmul_tc.wgsl):
+//   struct Raw8, fn raw8(blk, j) -> Raw8   the words dq8(blk, j) reads, in as few loads as the layout allows
+//   fn dq8_raw(r: Raw8, j) -> V8            dq8 of those words
 
-#if WIDE
+#if WIDE || W4
 fn word(i: u32) -> u32 {
     let v = w[i >> 2u];
     let j = i & 3u;
@@ -28,6 +31,13 @@ fn word(i: u32) -> u32 {
 }
 #else
 fn word(i: u32) -> u32 { return w[i]; }
+#endif
+#if W4
+// words i and i + 1 (i even) in one 16-byte load
+fn words2(i: u32) -> vec2<u32> {
+    let v = w[i >> 2u];
+    return select(v.xy, v.zw, (i & 2u) != 0u);
+}
 #endif
 
 // 1.5 * 2^23: adding it to a float leaves round(v) in the low mantissa bits; an integer s below 2^22 in
@@ -184,7 +194,10 @@ fn k4_pair(h: vec4<u32>, pair: u32) -> u32 {
 
 // (d * sc[s], dmin * mn[s]) of sub-block s of the Q4_K / Q5_K block at word o (the dq8 decoders).
 fn k4_sub_scales(o: u32, s: u32) -> vec2<f32> {
-    let h = vec4<u32>(word(o), word(o + 1u), word(o + 2u), word(o + 3u));
+    return k4_scales(vec4<u32>(word(o), word(o + 1u), word(o + 2u), word(o + 3u)), s);
+}
+// The same from the block's 4 header words h.
+fn k4_scales(h: vec4<u32>, s: u32) -> vec2<f32> {
     let v = k4_pair(h, s >> 1u) >> ((s & 1u) * 8u);          // sc at byte s & 1, mn two bytes up
     return k4_dmin(h) * vec2<f32>(f32(v & 255u), f32((v >> 16u) & 255u));
 }

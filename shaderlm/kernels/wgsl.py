@@ -5,7 +5,8 @@ Directives (each on its own line):
   #include NAME as P   inline it again with every name it declares at top level, every name declared
                        by earlier `as P` includes, and the bindings' `w` / params' `p`, prefixed by P
                        (a second quant decoder beside the first, for gemv.wgsl's DUAL)
-  #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable)
+  #if SYMBOL / #if !SYMBOL / #else / #endif   keep lines by a define's truthiness (nestable;
+                       `#if A || !B`: either)
   #unroll N [v] / #end repeat the lines between N times (N a number or a define), `$v` in them
                        (default `$i`) replaced by 0, 1, ...: constant indices where a loop would
                        index an array (nestable, each level with its own variable)
@@ -74,8 +75,8 @@ def _kept(name: str, lines: list, defines: dict) -> list:
     for line in lines:
         s = line.strip()
         if s.startswith("#if "):
-            sym = s[4:].strip()
-            val = bool(defines.get(sym.lstrip("!"))) != sym.startswith("!")
+            val = any(bool(defines.get(sym.strip().lstrip("!"))) != sym.strip().startswith("!")
+                      for sym in s[4:].split("||"))
             stack.append((val, val))
         elif s == "#else":
             a, taken = stack.pop()

@@ -14,11 +14,22 @@ fn q8w(blk: u32, j: u32) -> vec2<u32> {
     return vec2<u32>((word(wi) >> sh) & 0x0F0F0F0Fu, (word(wi + 1u) >> sh) & 0x0F0F0F0Fu);
 }
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let sm = k4_sub_scales(blk * 36u, j >> 2u);      // (d * sc, dmin * mn)
-    let q = q8w(blk, j);
-    return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y);
+// (d * sc, dmin * mn) applied to a run's bytes q
+fn k4_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
+fn dq8(blk: u32, j: u32) -> V8 { return k4_values(q8w(blk, j), k4_sub_scales(blk * 36u, j >> 2u)); }
+
+#if W4
+// matmul_tc's loads (w as vec4s): run j's header and its two words of nibbles, a 16-byte load each;
+// fewer load instructions were what its K step needed (scattered rows: a line per row and load).
+struct Raw8 { h: vec4<u32>, q: vec2<u32> }
+fn raw8(blk: u32, j: u32) -> Raw8 {
+    return Raw8(w[blk * 9u], words2(blk * 36u + 4u + (j >> 3u) * 8u + (j & 3u) * 2u));
 }
+fn dq8_raw(r: Raw8, j: u32) -> V8 {
+    let s = j >> 2u;
+    return k4_values((r.q >> vec2<u32>((s & 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu), k4_scales(r.h, s));
+}
+#endif
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let sm = k4_sub_scales(blk * 36u, j >> 2u);
