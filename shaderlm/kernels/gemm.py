@@ -114,8 +114,9 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
 
 
 def _type_defines(w) -> dict:
-    """matmul_q8's defines for the weight's type: its decoder, whether its runs have mins, its run length."""
-    return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32)
+    """The int8 GEMMs' defines for the weight's type: its decoder, whether its runs have mins, its run
+    length, whether it loads its runs in 16 bytes (W4)."""
+    return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32, W4=w.qtype.raw8)
 
 
 def _xbufs(w, xbufs: tuple) -> tuple:
@@ -223,7 +224,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
-        pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.tc_raw8, **kw, SPLIT=slices, WG=wg,
+        pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
                         BN=bn, NJ=8 * bn // wg, EW=512 // wg, XV=cdiv(4 * bn, wg), XS=max(4 * bn * rw, 8 * wg), RS=4 * rw,
                         EMULATE=TC_EMULATE)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),

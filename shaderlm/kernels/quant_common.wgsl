@@ -1,6 +1,6 @@
 // Shared by the quant/*.wgsl decoders. The including kernel declares:
 //   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor),
-//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads) or W4 (matmul_tc's)
+//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads) or W4 (the GEMMs')
 //   a `p` (uniform, or const in gemv.wgsl) with field dbase: u32   first word of the split-off field
 //   array (read from p where needed: a private copy made NVIDIA's Vulkan compiler spill)
 // Each decoder defines QK (elements per block), QW (u32 words per block in the main region) and
@@ -19,7 +19,7 @@
 //   fn chunk_dot(cw: CW, c, xr) -> f32       sum over the chunk of weight * x
 // and, where QuantType.int8_dot, under INT_DOT: fn x_quant(xr) -> XQ2 / XQ4 (xq2 / xq4 below) and a
 //   chunk_dot(cw, c, xq) over those instead.
-// Where QuantType.tc_raw8, under W4 (w as vec4s, for matmul_tc.wgsl):
+// Where QuantType.raw8, under W4 (w as vec4s: the GEMMs, whose warps span rows):
 //   struct Raw8, fn raw8(blk, j) -> Raw8   the words dq8(blk, j) reads, in as few loads as the layout allows
 //   fn dq8_raw(r: Raw8, j) -> V8            dq8 of those words
 

@@ -8,32 +8,37 @@ const QW: u32 = 36u;
 
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..15).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
-    let s = j >> 2u;
-    let wi = blk * 36u + 4u + (s >> 1u) * 8u + (j & 3u) * 2u;
-    let sh = (s & 1u) * 4u;
-    return vec2<u32>((word(wi) >> sh) & 0x0F0F0F0Fu, (word(wi + 1u) >> sh) & 0x0F0F0F0Fu);
+    let wi = k4_run_word(blk, j);
+    return k4_nibbles(vec2<u32>(word(wi), word(wi + 1u)), j >> 2u);
 }
+// the first of the two words holding run j's nibbles
+fn k4_run_word(blk: u32, j: u32) -> u32 { return blk * 36u + 4u + (j >> 3u) * 8u + (j & 3u) * 2u; }
+// sub-block s's nibbles of its pair's words q (s even: the low ones)
+fn k4_nibbles(q: vec2<u32>, s: u32) -> vec2<u32> { return (q >> vec2<u32>((s & 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu); }
 
 // (d * sc, dmin * mn) applied to a run's bytes q
 fn k4_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
 fn dq8(blk: u32, j: u32) -> V8 { return k4_values(q8w(blk, j), k4_sub_scales(blk * 36u, j >> 2u)); }
 
 #if W4
-// matmul_tc's loads (w as vec4s): run j's header and its two words of nibbles, a 16-byte load each;
-// fewer load instructions were what its K step needed (scattered rows: a line per row and load).
+// Loads where w is vec4s (W4): run j's header and its two words of nibbles, a 16-byte load each (the
+// GEMMs' rows are scattered across a warp, so each load instruction touches a line a row).
 struct Raw8 { h: vec4<u32>, q: vec2<u32> }
 fn raw8(blk: u32, j: u32) -> Raw8 {
-    return Raw8(w[blk * 9u], words2(blk * 36u + 4u + (j >> 3u) * 8u + (j & 3u) * 2u));
+    return Raw8(w[blk * 9u], words2(k4_run_word(blk, j)));
 }
-fn dq8_raw(r: Raw8, j: u32) -> V8 {
-    let s = j >> 2u;
-    return k4_values((r.q >> vec2<u32>((s & 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu), k4_scales(r.h, s));
-}
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return k4_values(k4_nibbles(r.q, j >> 2u), k4_scales(r.h, j >> 2u)); }
 #endif
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
+#if W4
+    let r = raw8(blk, j);
+    let sm = k4_scales(r.h, j >> 2u);
+    return IQ8(k4_nibbles(r.q, j >> 2u), sm.x, -sm.y);
+#else
     let sm = k4_sub_scales(blk * 36u, j >> 2u);
     return IQ8(q8w(blk, j), sm.x, -sm.y);
+#endif
 }
 
 #if WIDE
