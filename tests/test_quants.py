@@ -254,6 +254,16 @@ def test_wide_constants_match_table():
         assert q.wide == (wqk, int(consts["CPB"]), load), name
 
 
+def test_raw8_declared_where_the_table_says():
+    """QuantType.raw8 (the GEMMs bind w as vec4s, W4) exactly where the decoder defines raw8 and dq8_raw
+    under W4: a type marked without them would not compile, one unmarked would keep its 4-byte loads."""
+    for name in ALL:
+        q = QUANT_TYPES[name]
+        src = _with_includes(q.kernel)
+        has = "#if W4" in src and all(f"fn {f}(" in src[src.index("#if W4"):] for f in ("raw8", "dq8_raw"))
+        assert q.raw8 == has, name
+
+
 # ---- matrix products over the types added with the low-bit mixes ---------------------------------
 # Against float64 products of gguf-py's dequantized weights (as tests/test_kernels.py's matmul tests):
 # f32 paths within 1e-5 * sum |W x| (summation order), the int8 GEMM on x as it rounds it (per 16 values,
