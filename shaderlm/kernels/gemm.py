@@ -225,8 +225,8 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
-                        BN=bn, NJ=8 * bn // wg, EW=512 // wg, XV=cdiv(4 * bn, wg), XS=max(4 * bn * rw, 8 * wg), RS=4 * rw,
-                        EMULATE=TC_EMULATE)
+                        BN=bn, NJ=8 * bn // wg, EW=512 // wg, XV=cdiv(4 * bn, wg), XS=max(4 * bn * rw, 8 * wg),
+                        RS=4 * rw, EMULATE=TC_EMULATE)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)
