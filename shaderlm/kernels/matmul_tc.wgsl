@@ -29,11 +29,7 @@ diagnostic(off, chromium.subgroup_matrix_uniformity);
 struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, plane: u32, part_tokens: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
-#if W4
-@group(0) @binding(2) var<storage, read> w: array<vec4<u32>>;  // the types with 16-byte loads (raw8)
-#else
-@group(0) @binding(2) var<storage, read> w: array<u32>;
-#endif
+@group(0) @binding(2) var<storage, read> w: array<WeightWord>;      // vec4s with W4 (the types with raw8)
 @group(0) @binding(3) var<storage, read> rw: array<f32>;            // a row's max |W|
 @group(0) @binding(4) var<storage, read> xq: array<vec4<u32>>;      // [digit][token][k / 16]
 @group(0) @binding(5) var<storage, read> xd: array<f32>;            // a token's grid step

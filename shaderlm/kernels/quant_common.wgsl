@@ -1,6 +1,6 @@
 // Shared by the quant/*.wgsl decoders. The including kernel declares:
-//   @binding(..) var<storage, read> w: array<u32>;   the weight words (one row-chunk of a tensor),
-//                or array<vec4<u32>> with WIDE (the decode GEMV's 16-byte loads) or W4 (the GEMMs')
+//   @binding(..) var<storage, read> w: array<WeightWord>;   the weight words (one row-chunk of a
+//                tensor): u32, or vec4<u32> with WIDE (the decode GEMV's 16-byte loads) or W4 (the GEMMs')
 //   a `p` (uniform, or const in gemv.wgsl) with field dbase: u32   first word of the split-off field
 //   array (read from p where needed: a private copy made NVIDIA's Vulkan compiler spill)
 // Each decoder defines QK (elements per block), QW (u32 words per block in the main region) and
@@ -24,12 +24,14 @@
 //   fn dq8_raw(r: Raw8, j) -> V8            dq8 of those words
 
 #if WIDE || W4
+alias WeightWord = vec4<u32>;
 fn word(i: u32) -> u32 {
     let v = w[i >> 2u];
     let j = i & 3u;
     return select(select(v.x, v.y, j == 1u), select(v.z, v.w, j == 3u), j >= 2u);
 }
 #else
+alias WeightWord = u32;
 fn word(i: u32) -> u32 { return w[i]; }
 #endif
 #if W4
