@@ -751,10 +751,13 @@ def check_attention(dev, hd, n_heads, n_kv, n, pos, window, softcap, *, seed, si
     out = dev.upload(poisoned((n + 1, n_heads * hd)))
     st = state(dev, pos=pos, n=n, tok=0, out_row0=0)
     sb = None if sinks is None else dev.upload(np.asarray(sinks, np.float32))
-    run(dev, ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
-                           n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap, sinks=sb, **kw), n)
+    d = ops.attention(dev, dev.upload(qkv), dev.upload(K), dev.upload(V), out, st, n_heads=n_heads,
+                      n_kv=n_kv, head_dim=hd, scale=scale, window=window, softcap=softcap, sinks=sb, **kw)
+    run(dev, d, n)
     got = read_f32(dev, out, (n + 1, n_heads * hd))
     q = qkv[:, : n_heads * hd].reshape(n, n_heads, hd).astype(np.float64)
+    if d.label == "attention_prefill":          # it holds q * scale as f16, as the cache holds K
+        q, scale = (q * scale).astype(np.float16).astype(np.float64), 1.0
     Kf = np.where(np.isnan(K), 0, K).astype(np.float64)
     Vf = np.where(np.isnan(V), 0, V).astype(np.float64)
     ref = attention_ref(q, Kf, Vf, pos, scale, window, softcap, n_heads, n_kv, sinks).reshape(n, -1)

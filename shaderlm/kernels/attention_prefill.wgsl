@@ -1,12 +1,18 @@
 // Causal grouped-query attention for a prompt chunk, tiled as flash attention: a workgroup takes BQ
 // consecutive queries of one head and walks the keys they can see BK at a time. Each key tile (the
-// cache's f16 K and V, converted to f32) is loaded into workgroup memory once for all BQ queries, so
-// the cache is read once per query tile rather than once per query. Scores go through an online softmax
-// (running max m and sum l per query row; the output rescaled as m grows); keys outside a query's
+// cache's f16 K and V, converted to f32) is loaded into workgroup memory once for all BQ queries: K
+// first, then V into the same buffer once the scores are taken. Scores go through an online softmax
+// (running max and sum per query row; the output rescaled as the max grows); keys outside a query's
 // causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
-// Every thread of a query row keeps the row's running max and sum itself (from the row's partial maxima
-// in workgroup memory), so a tile takes four barriers. Needs BQ * BK >= 256, BQ * HD >= 1024 and BK * HD
-// a multiple of 1024 (ops.prefill_attention_tile).
+// Both products are blocked in registers, so that each workgroup load feeds several multiply-adds
+// (the kernel is bound by those loads otherwise):
+//   scores: a thread takes SR = 2 query rows x SK keys, a q pair and a K vec4 a step of 4 dims;
+//   output: a thread takes PR = 4 query rows x OV vec4s of the head, a vec4 of weights (the tile's
+//   weights are stored key-major) and OV V vec4s a key.
+// q is held as f16 pairs (as K is in the cache), which leaves room for these tiles.
+// Threads scoring a row keep its running max (the tile's from their partial maxima in workgroup
+// memory); threads summing a row's output keep its running sum. Needs BQ * BK = 512 SK, BQ * HD =
+// 1024 OV and BK * HD a multiple of 1024 (ops.prefill_attention_tile).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state
@@ -28,26 +34,26 @@ const BQ: u32 = {{BQ}}u;          // queries a workgroup
 const BK: u32 = {{BK}}u;          // keys a tile
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;          // vec4s of a head
-const TPR: u32 = WG / BQ;         // threads a query row
-const KPT: u32 = {{KPT}}u;        // keys a thread scores: BK / TPR
-const OV: u32 = {{OV}}u;          // output vec4s a thread: H4 / TPR
+const SR: u32 = 2u;               // query rows a thread scores
+const SK: u32 = {{SK}}u;          // keys a thread scores: BQ BK / (SR WG)
+const SKT: u32 = BK / SK;         // threads across a tile's keys
+const PR: u32 = 4u;               // query rows of a thread's output
+const OV: u32 = {{OV}}u;          // vec4s of a thread's output rows: H4 BQ / (PR WG)
+const OVT: u32 = H4 / OV;         // threads across a head
 const LD: u32 = {{LD}}u;          // vec4s of K (and of V) a thread loads a tile: BK H4 / WG
-const KS: u32 = H4 + 1u;          // a key's stride in ks (vec4s): threads scoring different keys hit different banks
-const QS: u32 = H4 + 1u;          // a query's stride in qs (vec4s): a subgroup's query rows on different banks
-const SS: u32 = BK + 1u;          // a query's stride in sc: the same for its weights
+const QS: u32 = H4 + 1u;          // a query's stride in qs (f16 quads): rows a warp scores on distinct banks
+const KS: u32 = H4 + 1u;          // a key's stride in kv (vec4s): likewise for its keys
+const PS: u32 = BQ + 4u;          // a key's stride in pw (floats)
 const MASKED: f32 = -3.0e38;
 
-// A thread scores KPT keys of one query row (each q vec4 loaded once for them) and accumulates OV
-// vec4s of that row's output, so every workgroup load feeds several multiply-adds. K and V are
-// converted from f16 once as they are loaded.
-var<workgroup> qs: array<vec4<f32>, {{BQ_QS}}>;   // [query][dim / 4], QS apart, scaled
-var<workgroup> ks: array<vec4<f32>, {{BK_KS}}>;   // [key][dim / 4], KS apart
-var<workgroup> vs: array<vec4<f32>, {{BK_H4}}>;   // [key][dim / 4]
-var<workgroup> sc: array<f32, {{BQ_SS}}>;         // [query][key], SS apart: softmax weights
-var<workgroup> pm: array<f32, WG>;                // [thread of a row][query]: partial row maxima
+var<workgroup> qs: array<vec2<u32>, {{QS_WORDS}}>;   // [query][dim / 4] as f16 quads, scaled
+var<workgroup> kv: array<vec4<f32>, {{KV_VEC4S}}>;   // [key][dim / 4]: the tile's K, then its V
+var<workgroup> pw: array<f32, {{PW_FLOATS}}>;        // [key][query]: the tile's softmax weights
+var<workgroup> pm: array<f32, {{PM_FLOATS}}>;        // [thread across the keys][query]: partial maxima
+var<workgroup> rs: array<f32, BQ>;                   // [query]: the tile's rescale, at the end the max
 
 // A thread's share of a key tile (LD vec4s of K and of V, f16 pairs as loaded), in registers: the next
-// tile's loads are in flight while this one is scored.
+// tile's loads are in flight while this one is scored and weighed.
 struct Tile {
 #unroll LD c
     k$c: vec2<u32>,
@@ -72,13 +78,21 @@ fn load_tile(li: u32, seq: u32, kvh: u32, k0: u32, last: u32) -> Tile {
     return t;
 }
 
-fn store_tile(li: u32, t: Tile, k0: u32, last: u32) {
+fn store_k(li: u32, t: Tile) {
 #unroll LD c
     {
         let i = li + $cu * WG;
-        ks[(i / H4) * KS + i % H4] = kv_pair(t.k$c);
+        kv[(i / H4) * KS + i % H4] = kv_pair(t.k$c);
+    }
+#end
+}
+
+fn store_v(li: u32, t: Tile, k0: u32, last: u32) {
+#unroll LD c
+    {
+        let i = li + $cu * WG;
         // unwritten rows could hold NaNs, and 0 * NaN is NaN
-        vs[i] = select(vec4<f32>(0.0), kv_pair(t.v$c), k0 + i / H4 <= last);
+        kv[(i / H4) * KS + i % H4] = select(vec4<f32>(0.0), kv_pair(t.v$c), k0 + i / H4 <= last);
     }
 #end
 }
@@ -96,86 +110,124 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let stride = (p.n_heads + 2u * p.n_kv) * HD;
     for (var i = li; i < BQ * H4; i += WG) {
         let o = (t0 + min(i / H4, nq - 1u)) * stride + h * HD + (i % H4) * 4u;
-        qs[(i / H4) * QS + i % H4] = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
+        let v = vec4<f32>(qkv[o], qkv[o + 1u], qkv[o + 2u], qkv[o + 3u]) * p.scale;
+        qs[(i / H4) * QS + i % H4] = vec2<u32>(pack2x16float(v.xy), pack2x16float(v.zw));
     }
-    let qi = li / TPR;                            // this thread's query row
-    let lane = li % TPR;
-    let qpos = pos0 + qi;
-    // the row's running max and sum, kept alike by each of its threads
-    var row_m = MASKED;
-    var row_l = 0.0;
+    // scoring: rows sq, sq + 1 and keys sk, sk + SKT, ..; a warp's threads on distinct keys first
+    let sk = li % SKT;
+    let sq = (li / SKT) * SR;
+    // output: rows oq .. oq + 3, head vec4s ov, ov + OVT, ..
+    let ov = li % OVT;
+    let oq = (li / OVT) * PR;
+    // the scored rows' running maxima, kept alike by each of their threads; the output rows' sums
+    var row_m = vec2<f32>(MASKED);
+    var row_l = vec4<f32>(0.0);
     // keys before the first query's window start are visible to no query of the tile
     var k_lo = 0u;
     if (p.window > 0u && pos0 + 1u > p.window) { k_lo = pos0 + 1u - p.window; }
-    var acc: array<vec4<f32>, OV>;
+    var acc: array<vec4<f32>, PR * OV>;
     var tile = load_tile(li, seq, kvh, k_lo, last);
     for (var k0 = k_lo; k0 <= last; k0 += BK) {
         workgroupBarrier();                       // the last tile's readers are done
-        store_tile(li, tile, k0, last);
+        store_k(li, tile);
         workgroupBarrier();
-        tile = load_tile(li, seq, kvh, k0 + BK, last);      // (past the end: clamped, unused)
-#unroll KPT e
-        var d$e = 0.0;
+        let next = load_tile(li, seq, kvh, k0 + BK, last);  // (past the end: clamped, unused)
+#unroll SK e
+        var a$e = vec2<f32>(0.0);
 #end
         for (var j = 0u; j < H4; j++) {
-            let qv = qs[qi * QS + j];
-#unroll KPT e
-            d$e += dot(qv, ks[(lane + $eu * TPR) * KS + j]);
+            let qa = kv_pair(qs[sq * QS + j]);
+            let qb = kv_pair(qs[(sq + 1u) * QS + j]);
+#unroll SK e
+            {
+                let kj = kv[(sk + $eu * SKT) * KS + j];
+                a$e += vec2<f32>(dot(qa, kj), dot(qb, kj));
+            }
 #end
         }
-        var s: array<f32, KPT>;
-        var mx = MASKED;
-#unroll KPT e
+        var s: array<vec2<f32>, SK>;
+        var mx = vec2<f32>(MASKED);
+#unroll SK e
         {
-            let kj = lane + $eu * TPR;
-            var d = d$e;
-            if (p.softcap > 0.0) { d = p.softcap * tanh(clamp(d / p.softcap, -15.0, 15.0)); }
-            let key = k0 + kj;
-            let visible = qi < nq && key <= qpos && (p.window == 0u || key + p.window > qpos);
-            s[$e] = select(MASKED, d, visible);
+            var d = a$e;
+            if (p.softcap > 0.0) { d = p.softcap * tanh(clamp(d / p.softcap, vec2<f32>(-15.0), vec2<f32>(15.0))); }
+            let key = k0 + sk + $eu * SKT;
+            let qp = pos0 + sq;
+            let seen = vec2<bool>(sq < nq && key <= qp && (p.window == 0u || key + p.window > qp),
+                                  sq + 1u < nq && key <= qp + 1u && (p.window == 0u || key + p.window > qp + 1u));
+            s[$e] = select(vec2<f32>(MASKED), d, seen);
             mx = max(mx, s[$e]);
         }
 #end
-        pm[lane * BQ + qi] = mx;
-        workgroupBarrier();
+        pm[sk * BQ + sq] = mx.x;
+        pm[sk * BQ + sq + 1u] = mx.y;
+        workgroupBarrier();                       // the scores are taken: V replaces K
+        store_v(li, tile, k0, last);
         var m = row_m;
-        for (var j = 0u; j < TPR; j++) { m = max(m, pm[j * BQ + qi]); }
-        let c = select(1.0, exp(row_m - m), row_m > MASKED);     // this tile's rescale of the row's output
+        for (var j = 0u; j < SKT; j++) { m = max(m, vec2<f32>(pm[j * BQ + sq], pm[j * BQ + sq + 1u])); }
+        if (sk == 0u) {                           // this tile's rescale of the rows' outputs
+            rs[sq] = select(1.0, exp(row_m.x - m.x), row_m.x > MASKED);
+            rs[sq + 1u] = select(1.0, exp(row_m.y - m.y), row_m.y > MASKED);
+        }
         row_m = m;
-#unroll KPT e
-        sc[qi * SS + lane + $eu * TPR] = select(0.0, exp(s[$e] - m), s[$e] > MASKED);
+#unroll SK e
+        {
+            let w = select(vec2<f32>(0.0), exp(s[$e] - m), s[$e] > vec2<f32>(MASKED));
+            let o = (sk + $eu * SKT) * PS + sq;
+            pw[o] = w.x;
+            pw[o + 1u] = w.y;
+        }
 #end
         workgroupBarrier();
+        let c = vec4<f32>(rs[oq], rs[oq + 1u], rs[oq + 2u], rs[oq + 3u]);
+        row_l *= c;
+#unroll 4 r
 #unroll OV o
-        acc[$o] *= c;
+        acc[$r * OV + $o] *= c[$r];
 #end
-        var l = 0.0;
+#end
         for (var kj = 0u; kj < BK; kj++) {
-            let w = sc[qi * SS + kj];
-            l += w;
+            let w = vec4<f32>(pw[kj * PS + oq], pw[kj * PS + oq + 1u], pw[kj * PS + oq + 2u], pw[kj * PS + oq + 3u]);
+            row_l += w;
 #unroll OV o
-            acc[$o] += w * vs[kj * H4 + lane + $ou * TPR];
+            {
+                let v = kv[kj * KS + ov + $ou * OVT];
+#unroll 4 r
+                acc[$r * OV + $o] += w[$r] * v;
+#end
+            }
 #end
         }
-        row_l = row_l * c + l;
+        tile = next;
     }
-    if (qi < nq) {
+#if SINKS
+    workgroupBarrier();
+    if (sk == 0u) {
+        rs[sq] = row_m.x;
+        rs[sq + 1u] = row_m.y;
+    }
+    workgroupBarrier();
+#endif
+#unroll 4 r
+    if (oq + $ru < nq) {
 #if SINKS
         // the sink's term in the denominator, rescaled to the larger of the row's max and the sink;
         // the output by the same factor
-        let mf = max(row_m, sinks[h]);
-        let keep = exp(row_m - mf);
-        let inv = keep / (row_l * keep + exp(sinks[h] - mf));
+        let rm = rs[oq + $ru];
+        let mf = max(rm, sinks[h]);
+        let keep = exp(rm - mf);
+        let inv = keep / (row_l[$r] * keep + exp(sinks[h] - mf));
 #else
-        let inv = 1.0 / row_l;
+        let inv = 1.0 / row_l[$r];
 #endif
-        let o = ((t0 + qi) * p.n_heads + h) * HD;
-#unroll OV o
+        let o = ((t0 + oq + $ru) * p.n_heads + h) * HD;
+#unroll OV v
         {
-            let d = (lane + $ou * TPR) * 4u;
-            let v = acc[$o] * inv;
-            out[o + d] = v.x; out[o + d + 1u] = v.y; out[o + d + 2u] = v.z; out[o + d + 3u] = v.w;
+            let d = (ov + $vu * OVT) * 4u;
+            let x = acc[$r * OV + $v] * inv;
+            out[o + d] = x.x; out[o + d + 1u] = x.y; out[o + d + 2u] = x.z; out[o + d + 3u] = x.w;
         }
 #end
     }
+#end
 }

@@ -220,7 +220,7 @@ def fused_head_norm(dev, fused_decode: bool) -> bool:
     return fused_decode and dev.has_subgroups
 
 
-PREFILL_ATTENTION_TILES = ((32, 32), (32, 16), (16, 32), (16, 16), (8, 32))     # (queries, keys), by preference
+PREFILL_ATTENTION_TILES = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32))     # (queries, keys), by preference
 
 
 def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
@@ -233,20 +233,23 @@ def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
 
 
 def _prefill_tile_defines(head_dim: int, bq: int, bk: int) -> dict:
-    """attention_prefill.wgsl's defines for a (queries, keys) tile: its thread layout and the sizes
-    of its workgroup arrays (BQ_QS, BK_KS, BK_H4 vec4s; BQ_SS floats; and 256 floats of row maxima)."""
+    """attention_prefill.wgsl's defines for a (queries, keys) tile: its threads' blocks (SK keys of 2
+    rows scored, OV vec4s of 4 rows summed, LD vec4s of K and V loaded) and its workgroup arrays' sizes."""
     h4 = head_dim // 4
-    return dict(HD=head_dim, BQ=bq, BK=bk, KPT=bk * bq // 256, OV=h4 * bq // 256, BQ_QS=bq * (h4 + 1),
-                BK_KS=bk * (h4 + 1), BK_H4=bk * h4, BQ_SS=bq * (bk + 1), LD=bk * h4 // 256)
+    sk = bq * bk // 512
+    return dict(HD=head_dim, BQ=bq, BK=bk, SK=sk, OV=h4 * bq // 1024, LD=bk * h4 // 256, QS_WORDS=bq * (h4 + 1),
+                KV_VEC4S=bk * (h4 + 1), PW_FLOATS=bk * (bq + 4), PM_FLOATS=(bk // max(sk, 1)) * bq)
 
 
 def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
-    """The tile's workgroup memory fits and its thread layout covers the head (a row's threads split
-    its keys and its head dims evenly)."""
+    """The tile's workgroup memory fits and its thread layout covers it: whole blocks of 2 rows x SK keys
+    and 4 rows x OV vec4s for 256 threads, whole vec4 loads of the key tile."""
+    h4 = head_dim // 4
+    if head_dim % 4 or (bq * bk) % 512 or (h4 * bq) % 1024 or (bk * h4) % 256 or 512 % bq:
+        return False
     d = _prefill_tile_defines(head_dim, bq, bk)
-    words = 4 * (d["BQ_QS"] + d["BK_KS"] + d["BK_H4"]) + d["BQ_SS"] + 256
-    return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384) and bq * bk >= 256
-            and bq * head_dim >= 1024 and head_dim % (4 * 256 // bq) == 0 and bk * head_dim % 1024 == 0)
+    size = 8 * d["QS_WORDS"] + 16 * d["KV_VEC4S"] + 4 * (d["PW_FLOATS"] + d["PM_FLOATS"] + bq)
+    return size <= dev.limit("max-compute-workgroup-storage-size", 16384)
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:
