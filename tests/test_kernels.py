@@ -274,7 +274,8 @@ def test_matmul_tensor_cores(dev, qtype, monkeypatch):
     """The prompt GEMM on int8 subgroup matrices (a GPU whose WebGPU offers them: Dawn's on NVIDIA), x and
     W each on one 16-bit grid, within tc_error_bound of the exact product: partial tiles of rows and
     tokens, the epilogue, rows from the state's first row, a weight in several bindings. Elsewhere the
-    matrix operations are emulated in plain WGSL (slow: three types, two stages of K or one block)."""
+    matrix operations are emulated in plain WGSL (slow: three types, K of one block or three runs). Types
+    in blocks of 32 take K an odd multiple of 32: the last K step of 64 half past K (TAIL)."""
     emulated = not dev.has_int8_matrix
     if emulated and (qtype not in TC_EMULATED_TYPES or not dev.has_subgroups):
         pytest.skip("emulated only for TC_EMULATED_TYPES, once")
@@ -282,7 +283,8 @@ def test_matmul_tensor_cores(dev, qtype, monkeypatch):
     if not gemm.tensor_cores(dev):
         pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
     i = INT8_TYPES.index(qtype)
-    rows, k, n = (130, max(64, QUANT_TYPES[qtype].block_elems), 130) if emulated else ([200, 130][i % 2], 512, 300)
+    tail = 32 if QUANT_TYPES[qtype].block_elems == 32 else 0
+    rows, k, n = (130, max(64, QUANT_TYPES[qtype].block_elems) + tail, 130) if emulated else ([200, 130][i % 2], 512 + tail, 300)
     features = [dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5, first=2)]
     if not emulated or qtype == "Q4_0":
         features.append(dict(max_binding="small"))

@@ -193,20 +193,23 @@ def tc_slices(rows: int, cols: int, tokens: int) -> int:
     """How many slices of K matmul_tc splits a matrix into for `tokens` tokens (their sums added in order
     by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW workgroups."""
     tiles = cdiv(rows, TC_TILE[0]) * cdiv(tokens, TC_TILE[1])
-    return 1 if tiles >= TC_SPLIT_BELOW else _halvings(tiles, cols, TC_SPLIT_TARGET, 32, TC_MIN_SLICE)
+    return 1 if tiles >= TC_SPLIT_BELOW else _halvings(tiles, cols, TC_SPLIT_TARGET, TC_K_STEP, TC_MIN_SLICE)
+
+
+TC_K_STEP = 64                      # elements of K matmul_tc stages at once (a last half step is zeros)
 
 
 def _tc_row_bytes() -> int:
-    """Bytes a staged row of 32 int8 in matmul_tc: 16 of padding keep ldmatrix off bank conflicts
+    """Bytes a staged row of a K step in matmul_tc: 16 of padding keep ldmatrix off bank conflicts
     (emulated, none: its tiles then fit 32 KiB, what CPU adapters offer)."""
-    return 32 if TC_EMULATE else 48
+    return TC_K_STEP if TC_EMULATE else TC_K_STEP + 16
 
 
 def tensor_cores(dev) -> bool:
     """Whether prompts' GEMMs (and large decode batches') run on matmul_tc: exact int8 subgroup matrices
-    (or TC_EMULATE), and room for its tiles (two buffers of both digits of W's and x's)."""
+    (or TC_EMULATE), and room for its tiles (both digits of W's and of x's)."""
     return ((dev.has_int8_matrix or TC_EMULATE)
-            and dev.limit("max-compute-workgroup-storage-size", 0) >= 8 * 128 * _tc_row_bytes()
+            and dev.limit("max-compute-workgroup-storage-size", 0) >= 4 * 128 * _tc_row_bytes()
             and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
 
 
@@ -225,8 +228,9 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
-                        BN=bn, NJ=8 * bn // wg, EW=512 // wg, XV=cdiv(4 * bn, wg), XS=max(4 * bn * rw, 8 * wg),
-                        RS=4 * rw, EMULATE=TC_EMULATE)
+                        BN=bn, NJ=8 * bn // wg, EW=TC_K_STEP // 8 * 128 // wg, XV=cdiv(TC_K_STEP // 8 * bn, wg),
+                        WSW=max(2 * 128 * rw, 8 * wg), XS=max(2 * bn * rw, 8 * wg), RS=4 * rw, EMULATE=TC_EMULATE,
+                        TAIL=w.cols % TC_K_STEP != 0)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)

@@ -6,10 +6,11 @@
 // integer to the end: C = 65536 hi.hi + 256 (hi.lo + lo.hi) (lo.lo, under 2^-16 of C, is dropped), in
 // two i32 accumulators over all of K, and y = rw[row] xd[t] C: about as exact as f32 x and weights.
 // A workgroup: BM = 128 rows x BN tokens (128; 64 for a decode batch of 64 rows or fewer), WG / 32
-// subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each a K step); K steps of 32,
-// two workgroup buffers (the next step's loads in flight while this one multiplies). Each weight is
-// decoded and rounded to its digits as it is staged: a thread takes EW runs of 8 of a row, and up to XV
-// of x's XN vec4s of digits. W4 (the types with raw8): a run's words in 16-byte loads, decoded when
+// subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each 32 of K); K steps of 64
+// in one workgroup buffer, the next step's words loaded into registers while this one multiplies (two
+// barriers a step: as many a 64 of K as two buffers of 32 took, with twice the time for the loads to
+// land). Each weight is decoded and rounded to its digits as it is staged: a thread takes EW runs of 8
+// of a row, and up to XV of x's XN vec4s of digits. W4 (the types with raw8): a run's words in 16-byte loads, decoded when
 // staged; other types decode (dq8) as they load.
 // PARTIALS: K in SPLIT slices, one a grid z (a matrix of few tiles would leave most of the GPU idle); a
 // slice's results go to y as partials [slice][token][row] for matmul_split.wgsl to add in order.
@@ -43,15 +44,15 @@ const BM: u32 = 128u;
 const BN: u32 = {{BN}}u;
 const SPLIT: u32 = {{SPLIT}}u;   // slices of K (grid z)
 const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
-const TPR: u32 = WG / BM;        // threads a row's 32 weights (2 or 4): EW runs of 8 each
-const RS: u32 = {{RS}}u;         // bytes a staged row of 32: 48, the 16 more keep a product's rows on distinct banks
+const TPR: u32 = WG / BM;        // threads a row's 64 weights (2 or 4): EW runs of 8 each
+const RS: u32 = {{RS}}u;         // bytes a staged row of 64: 80, the 16 more keep a product's rows on distinct banks
 const RW: u32 = RS / 4u;
-const XN: u32 = 4u * BN;          // x's vec4s a K step: [digit][token][half of its 32 bytes]
-// [buffer][digit][row or token][RW words]; after the loop, the subgroups' sums (256 words each in both)
-const BUF: u32 = 2u * BM * RW;   // words a buffer of W
-const XBUF: u32 = 2u * BN * RW;  // of x
-var<workgroup> ws: array<i32, 2u * BUF>;
-var<workgroup> xs: array<i32, {{XS}}u>;     // max(2 XBUF, 8 WG)
+const KS: u32 = 64u;             // elements of K a step: two products of 32 a pair of fragments
+const XPT: u32 = KS / 16u;       // x's vec4s a token's digit a step
+const XN: u32 = 2u * XPT * BN;   // x's vec4s a K step: [digit][token][vec4]
+// [digit][row or token][RW words]; after the loop, the subgroups' sums (256 words each in both)
+var<workgroup> ws: array<i32, {{WSW}}u>;    // max(2 BM RW, 8 WG)
+var<workgroup> xs: array<i32, {{XS}}u>;     // max(2 BN RW, 8 WG)
 
 // The matrix operations: 16 x 32 int8 tiles of W (row-major) from ws and of x (a token's 32 bytes
 // together) from xs, offsets and strides in bytes; 16 x 16 i32 sums, stored column-major into ws / xs.
@@ -133,21 +134,39 @@ struct Stage {
 }
 
 // the first element of K a thread's runs cover in a K step
-fn stage_k(li: u32, step: u32) -> u32 { return step * 32u + (li % TPR) * 8u * {{EW}}u; }
+fn stage_k(li: u32, step: u32) -> u32 { return step * KS + (li % TPR) * 8u * {{EW}}u; }
+// where it loads them: with TAIL (K an odd multiple of 32) the last step's second half is past K, and
+// those loads stay in the row (their digits are staged as zeros)
+fn load_k(li: u32, step: u32) -> u32 {
+#if TAIL
+    return min(stage_k(li, step), p.k - 8u * {{EW}}u);
+#else
+    return stage_k(li, step);
+#endif
+}
+// x's vec4 v of a token's K step, and whether it is within K
+fn x_vec4(step: u32, v: u32) -> u32 {
+#if TAIL
+    return min(step * XPT + v, p.k / 16u - 1u);
+#else
+    return step * XPT + v;
+#endif
+}
+fn in_k(step: u32, v: u32) -> bool { return (step * XPT + v) * 16u < p.k; }
 
 fn load_stage(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Stage {
     var s: Stage;
-    let kk = stage_k(li, step);
+    let kk = load_k(li, step);
     let blk = min(r_base + li / TPR, p.rows - 1u) * (p.k / QK) + kk / QK;
 #unroll EW e
     s.w$e = raw8(blk, (kk % QK) / 8u + $eu);
 #end
 #unroll XV e
     {
-        let i = li + $eu * WG;                 // [digit][token][half of the token's 32 bytes]
+        let i = li + $eu * WG;                 // [digit][token][vec4 of the token's KS bytes]
         if (XN % WG == 0u || i < XN) {
-            s.x$e = xq[(i / (2u * BN)) * (p.plane / 4u) + min(t_base + (i % (2u * BN)) / 2u, m - 1u) * (p.k / 16u)
-                       + step * 2u + i % 2u];
+            s.x$e = xq[(i / (XPT * BN)) * (p.plane / 4u) + min(t_base + (i % (XPT * BN)) / XPT, m - 1u) * (p.k / 16u)
+                       + x_vec4(step, i % XPT)];
         }
     }
 #end
@@ -162,14 +181,19 @@ fn put4(o: u32, v: vec4<u32>, into_x: bool) {
     }
 }
 
-fn store_stage(li: u32, buf: u32, step: u32, s: Stage, inv: f32) {
-    let o = buf * BUF + (li / TPR) * RW + (li % TPR) * 2u * {{EW}}u;
-    let j0 = stage_k(li, step) % QK / 8u;
+fn store_stage(li: u32, step: u32, s: Stage, inv: f32) {
+    let o = (li / TPR) * RW + (li % TPR) * 2u * {{EW}}u;
+    let j0 = load_k(li, step) % QK / 8u;
+#if TAIL
+    let wi = select(0.0, inv, stage_k(li, step) < p.k);
+#else
+    let wi = inv;
+#endif
 #unroll EW e
     {
         let v = dq8_raw(s.w$e, j0 + $eu);
-        let d0 = digits(v.a, inv);             // (hi, lo) words of the run's first 4 weights
-        let d1 = digits(v.b, inv);
+        let d0 = digits(v.a, wi);              // (hi, lo) words of the run's first 4 weights
+        let d1 = digits(v.b, wi);
         ws[o + $eu * 2u] = i32(d0.x);
         ws[o + $eu * 2u + 1u] = i32(d1.x);
         ws[o + BM * RW + $eu * 2u] = i32(d0.y);
@@ -180,7 +204,12 @@ fn store_stage(li: u32, buf: u32, step: u32, s: Stage, inv: f32) {
     {
         let i = li + $eu * WG;
         if (XN % WG == 0u || i < XN) {
-            put4(buf * XBUF + (i / (2u * BN)) * BN * RW + ((i % (2u * BN)) / 2u) * RW + (i % 2u) * 4u, s.x$e, true);
+#if TAIL
+            let x = select(vec4<u32>(0u), s.x$e, in_k(step, i % XPT));
+#else
+            let x = s.x$e;
+#endif
+            put4((i / (XPT * BN)) * BN * RW + ((i % (XPT * BN)) / XPT) * RW + (i % XPT) * 4u, x, true);
         }
     }
 #end
@@ -201,7 +230,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let c0 = (sg / 4u) * 16u * NJ;
     let mw = rw[min(r_base + li / TPR, p.rows - 1u)];
     let inv = select(LIM / mw, 0.0, mw == 0.0);
-    let steps = p.k / (32u * SPLIT);     // this workgroup's K steps: all, or its slice's
+    let steps = (p.k / SPLIT + KS - 1u) / KS;     // this workgroup's K steps: all, or its slice's
     let step0 = wid.z * steps;
 #unroll 2 i
 #unroll NJ j
@@ -209,28 +238,30 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var c$i$j = CM();
 #end
 #end
-    store_stage(li, 0u, step0, load_stage(li, step0, r_base, t_base, m), inv);
-    workgroupBarrier();
+    var cur = load_stage(li, step0, r_base, t_base, m);
     for (var s = 0u; s < steps; s++) {
-        let next = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
-        let b0 = (s & 1u) * BUF * 4u;       // the buffers' first bytes
-        let x0 = (s & 1u) * XBUF * 4u;
+        store_stage(li, step0 + s, cur, inv);
+        workgroupBarrier();
+        cur = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
+#unroll 2 u
+        {
 #unroll 2 i
-        let ah$i = load_w(b0 + (r0 + $i * 16u) * RS);
-        let al$i = load_w(b0 + (BM + r0 + $i * 16u) * RS);
+            let ah$i = load_w((r0 + $i * 16u) * RS + $u * 32u);
+            let al$i = load_w((BM + r0 + $i * 16u) * RS + $u * 32u);
 #end
 #unroll NJ j
-        let bh$j = load_x(x0 + (c0 + $j * 16u) * RS);
-        let bl$j = load_x(x0 + (BN + c0 + $j * 16u) * RS);
+            let bh$j = load_x((c0 + $j * 16u) * RS + $u * 32u);
+            let bl$j = load_x((BN + c0 + $j * 16u) * RS + $u * 32u);
 #end
 #unroll 2 i
 #unroll NJ j
-        h$i$j = mma(ah$i, bh$j, h$i$j);
-        c$i$j = mma(ah$i, bl$j, c$i$j);
-        c$i$j = mma(al$i, bh$j, c$i$j);
+            h$i$j = mma(ah$i, bh$j, h$i$j);
+            c$i$j = mma(ah$i, bl$j, c$i$j);
+            c$i$j = mma(al$i, bh$j, c$i$j);
 #end
 #end
-        if (s + 1u < steps) { store_stage(li, (s + 1u) & 1u, step0 + s + 1u, next, inv); }
+        }
+#end
         workgroupBarrier();
     }
     // Each 16 x 16 pair of sums through workgroup memory (ws and xs; column-major: token n's 16 rows
