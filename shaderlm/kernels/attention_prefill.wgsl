@@ -46,11 +46,11 @@ const KS: u32 = H4 + 1u;          // a key's stride in kv (vec4s): likewise for 
 const PS: u32 = BQ + 4u;          // a key's stride in pw (floats)
 const MASKED: f32 = -3.0e38;
 
-var<workgroup> qs: array<vec2<u32>, {{QS_WORDS}}>;   // [query][dim / 4] as f16 quads, scaled
-var<workgroup> kv: array<vec4<f32>, {{KV_VEC4S}}>;   // [key][dim / 4]: the tile's K, then its V
-var<workgroup> pw: array<f32, {{PW_FLOATS}}>;        // [key][query]: the tile's softmax weights
-var<workgroup> pm: array<f32, {{PM_FLOATS}}>;        // [thread across the keys][query]: partial maxima
-var<workgroup> rs: array<f32, BQ>;                   // [query]: the tile's rescale, at the end the max
+var<workgroup> qs: array<vec2<u32>, BQ * QS>;    // [query][dim / 4] as f16 quads, scaled
+var<workgroup> kv: array<vec4<f32>, BK * KS>;    // [key][dim / 4]: the tile's K, then its V
+var<workgroup> pw: array<f32, BK * PS>;          // [key][query]: the tile's softmax weights
+var<workgroup> pm: array<f32, SKT * BQ>;         // [thread across the keys][query]: partial maxima
+var<workgroup> rs: array<f32, BQ>;               // [query]: the tile's rescale, at the end the max
 
 // A thread's share of a key tile (LD vec4s of K and of V, f16 pairs as loaded), in registers: the next
 // tile's loads are in flight while this one is scored and weighed.

@@ -185,6 +185,10 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         sgs = dev.subgroup_size
         default = attention_shape(dev, n_heads)
         wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
+        need, room = decode_attention_bytes(dev, head_dim, wg, splits), dev.limit("max-compute-workgroup-storage-size", 16384)
+        if need > room:
+            raise ValueError(f"decode attention shape {shape}: its merge buffers need {need} bytes of workgroup "
+                             f"memory, over this adapter's {room}")
         heads = n_heads * max(batch, 1)
         batched = paging is not None and paging.rows is not None
         res = [params, None if batched else st, qkv, k_cache, v_cache, out, inv_freq]     # batched: no State
@@ -215,6 +219,13 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
 
 
+def decode_attention_bytes(dev, head_dim: int, wg: int, splits: int) -> int:
+    """attention_decode.wgsl's workgroup memory: a softmax state (3 floats) and a head's output for each
+    of its subgroups or splits (MERGE), and a flag."""
+    merge = max(wg // dev.subgroup_size, splits)
+    return 4 * merge * (3 + head_dim) + 4
+
+
 def fused_head_norm(dev, fused_decode: bool) -> bool:
     """attention() can fold a per-head norm in: the fused decode step on an adapter with subgroups."""
     return fused_decode and dev.has_subgroups
@@ -234,11 +245,9 @@ def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
 
 def _prefill_tile_defines(head_dim: int, bq: int, bk: int) -> dict:
     """attention_prefill.wgsl's defines for a (queries, keys) tile: its threads' blocks (SK keys of 2
-    rows scored, OV vec4s of 4 rows summed, LD vec4s of K and V loaded) and its workgroup arrays' sizes."""
+    rows scored, OV vec4s of 4 rows summed, LD vec4s of K and V loaded)."""
     h4 = head_dim // 4
-    sk = bq * bk // 512
-    return dict(HD=head_dim, BQ=bq, BK=bk, SK=sk, OV=h4 * bq // 1024, LD=bk * h4 // 256, QS_WORDS=bq * (h4 + 1),
-                KV_VEC4S=bk * (h4 + 1), PW_FLOATS=bk * (bq + 4), PM_FLOATS=(bk // max(sk, 1)) * bq)
+    return dict(HD=head_dim, BQ=bq, BK=bk, SK=bq * bk // 512, OV=h4 * bq // 1024, LD=bk * h4 // 256)
 
 
 def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
@@ -247,8 +256,9 @@ def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
     h4 = head_dim // 4
     if head_dim % 4 or (bq * bk) % 512 or (h4 * bq) % 1024 or (bk * h4) % 256 or 512 % bq:
         return False
-    d = _prefill_tile_defines(head_dim, bq, bk)
-    size = 8 * d["QS_WORDS"] + 16 * d["KV_VEC4S"] + 4 * (d["PW_FLOATS"] + d["PM_FLOATS"] + bq)
+    # its workgroup arrays: q as f16 quads and a key tile of vec4s (rows a vec4 apart), the weights
+    # (rows 4 floats apart), 512 partial maxima and a float a query
+    size = 8 * bq * (h4 + 1) + 16 * bk * (h4 + 1) + 4 * (bk * (bq + 4) + 512 + bq)
     return size <= dev.limit("max-compute-workgroup-storage-size", 16384)
 
 
