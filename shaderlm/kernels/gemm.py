@@ -113,10 +113,16 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
                      label="quantize_tc" if digits else "quantize_q8")], bufs
 
 
+# types whose 16-byte loads (QuantType.raw8) the int8 GEMMs leave out: Q4_0's won on the tensor cores but
+# lost on these (docs/performance.md)
+INT8_WORD_LOADS = frozenset({"Q4_0"})
+
+
 def _type_defines(w) -> dict:
     """The int8 GEMMs' defines for the weight's type: its decoder, whether its runs have mins, its run
     length, whether it loads its runs in 16 bytes (W4)."""
-    return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32, W4=w.qtype.raw8)
+    return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32,
+                W4=w.qtype.raw8 and w.qtype.name not in INT8_WORD_LOADS)
 
 
 def _xbufs(w, xbufs: tuple) -> tuple:
