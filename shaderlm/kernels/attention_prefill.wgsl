@@ -6,13 +6,13 @@
 // causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
 // Both products are blocked in registers, so that each workgroup load feeds several multiply-adds
 // (the kernel is bound by those loads otherwise):
-//   scores: a thread takes SR = 2 query rows x SK keys, a q pair and a K vec4 a step of 4 dims;
+//   scores: a thread takes SR = 2 query rows x SK keys, loading 2 q quads and SK K vec4s a step of 4 dims;
 //   output: a thread takes PR = 4 query rows x OV vec4s of the head, a vec4 of weights (the tile's
 //   weights are stored key-major) and OV V vec4s a key.
 // q is held as f16 pairs (as K is in the cache), which leaves room for these tiles.
 // Threads scoring a row keep its running max (the tile's from their partial maxima in workgroup
-// memory); threads summing a row's output keep its running sum. Needs BQ * BK = 512 SK, BQ * HD =
-// 1024 OV and BK * HD a multiple of 1024 (ops.prefill_attention_tile).
+// memory); threads summing a row's output keep its running sum. Needs BQ * BK = 512 SK, BQ * H4 =
+// 1024 OV and BK * H4 a multiple of 256 (ops.prefill_attention_tile_ok).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state

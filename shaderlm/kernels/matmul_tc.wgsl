@@ -10,8 +10,8 @@
 // in one workgroup buffer, the next step's words loaded into registers while this one multiplies (two
 // barriers a step: as many a 64 of K as two buffers of 32 took, with twice the time for the loads to
 // land). Each weight is decoded and rounded to its digits as it is staged: a thread takes EW runs of 8
-// of a row, and up to XV of x's XN vec4s of digits. W4 (the types with raw8): a run's words in 16-byte loads, decoded when
-// staged; other types decode (dq8) as they load.
+// of a row, and up to XV of x's XN vec4s of digits. W4 (the types with raw8): a run's words in 16-byte
+// loads, decoded when staged; other types decode (dq8) as they load.
 // PARTIALS: K in SPLIT slices, one a grid z (a matrix of few tiles would leave most of the GPU idle); a
 // slice's results go to y as partials [slice][token][row] for matmul_split.wgsl to add in order.
 // EMULATE (tests on adapters without subgroup matrices): the matrix operations in plain WGSL (below).
@@ -244,7 +244,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         workgroupBarrier();
         cur = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
 #unroll 2 u
-        {
+        {                                   // the step's two 32s of K
 #unroll 2 i
             let ah$i = load_w((r0 + $i * 16u) * RS + $u * 32u);
             let al$i = load_w((BM + r0 + $i * 16u) * RS + $u * 32u);
