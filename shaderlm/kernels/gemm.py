@@ -113,16 +113,11 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
                      label="quantize_tc" if digits else "quantize_q8")], bufs
 
 
-# types whose 16-byte loads (QuantType.raw8) the int8 GEMMs leave out: Q4_0's won on the tensor cores but
-# lost on these (docs/performance.md)
-INT8_WORD_LOADS = frozenset({"Q4_0"})
-
-
 def _type_defines(w) -> dict:
     """The int8 GEMMs' defines for the weight's type: its decoder, whether its runs have mins, its run
     length, whether it loads its runs in 16 bytes (W4)."""
     return dict(QUANT=w.qtype.kernel, MINS=w.qtype.iq8_min, RUN32=w.qtype.iq8_run == 32,
-                W4=w.qtype.raw8 and w.qtype.name not in INT8_WORD_LOADS)
+                W4=w.qtype.raw8_int8)
 
 
 def _xbufs(w, xbufs: tuple) -> tuple:
@@ -236,7 +231,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
                         BN=bn, NJ=8 * bn // wg, EW=TC_K_STEP // 8 * 128 // wg, XV=cdiv(TC_K_STEP // 8 * bn, wg),
                         WSW=max(2 * 128 * rw, 8 * wg), XS=max(2 * bn * rw, 8 * wg), RS=4 * rw, EMULATE=TC_EMULATE,
-                        TAIL=w.cols % TC_K_STEP != 0)
+                        KS=TC_K_STEP, KU=TC_K_STEP // 32, TAIL=w.cols % TC_K_STEP != 0)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)

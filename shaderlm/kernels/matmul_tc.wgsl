@@ -47,7 +47,7 @@ const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ toke
 const TPR: u32 = WG / BM;        // threads a row's 64 weights (2 or 4): EW runs of 8 each
 const RS: u32 = {{RS}}u;         // bytes a staged row of 64: 80, the 16 more keep a product's rows on distinct banks
 const RW: u32 = RS / 4u;
-const KS: u32 = 64u;             // elements of K a step: two products of 32 a pair of fragments
+const KS: u32 = {{KS}}u;         // elements of K a step: KS / 32 products a pair of fragments
 const XPT: u32 = KS / 16u;       // x's vec4s a token's digit a step
 const XN: u32 = 2u * XPT * BN;   // x's vec4s a K step: [digit][token][vec4]
 // [digit][row or token][RW words]; after the loop, the subgroups' sums (256 words each in both)
@@ -152,7 +152,9 @@ fn x_vec4(step: u32, v: u32) -> u32 {
     return step * XPT + v;
 #endif
 }
+#if TAIL
 fn in_k(step: u32, v: u32) -> bool { return (step * XPT + v) * 16u < p.k; }
+#endif
 
 fn load_stage(li: u32, step: u32, r_base: u32, t_base: u32, m: u32) -> Stage {
     var s: Stage;
@@ -243,8 +245,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         store_stage(li, step0 + s, cur, inv);
         workgroupBarrier();
         cur = load_stage(li, step0 + min(s + 1u, steps - 1u), r_base, t_base, m);
-#unroll 2 u
-        {                                   // the step's two 32s of K
+#unroll KU u
+        {                                   // the step's KU = KS / 32 products' worth
 #unroll 2 i
             let ah$i = load_w((r0 + $i * 16u) * RS + $u * 32u);
             let al$i = load_w((BM + r0 + $i * 16u) * RS + $u * 32u);

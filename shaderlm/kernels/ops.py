@@ -197,7 +197,7 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                     dev.scratch(f"attention split counts {heads}", 4 * heads)]
         defines, res = _paged(paging, *_sinks(sinks, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
                                                            NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits,
-                                                           MINK=min_keys, MERGE=max(wg // sgs, splits)), res))
+                                                           MINK=min_keys, MERGE=_decode_merge(dev, wg, splits)), res))
         if head_norm is not None:
             q_w, k_w, eps = head_norm
             defines, res = {**defines, "HEAD_NORM": True, "HN_EPS": float(eps)}, res + [None] * (13 - len(res)) + [q_w, k_w]
@@ -219,11 +219,15 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, n), label="attention")
 
 
+def _decode_merge(dev, wg: int, splits: int) -> int:
+    """attention_decode.wgsl's MERGE: the partial softmaxes it merges (its subgroups', or its splits')."""
+    return max(wg // dev.subgroup_size, splits)
+
+
 def decode_attention_bytes(dev, head_dim: int, wg: int, splits: int) -> int:
     """attention_decode.wgsl's workgroup memory: a softmax state (3 floats) and a head's output for each
-    of its subgroups or splits (MERGE), and a flag."""
-    merge = max(wg // dev.subgroup_size, splits)
-    return 4 * merge * (3 + head_dim) + 4
+    of the MERGE partials, and a flag."""
+    return 4 * _decode_merge(dev, wg, splits) * (3 + head_dim) + 4
 
 
 def fused_head_norm(dev, fused_decode: bool) -> bool:

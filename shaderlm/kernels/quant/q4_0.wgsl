@@ -12,25 +12,19 @@ fn dq8(blk: u32, j: u32) -> V8 {
 }
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
-#if W4
-    return iq8_raw(raw8(blk, j), j);
-#else
     let d = split_d(blk);
     return IQ8(signed_bytes(q8w(blk, j), 8u), d, 0.0);
-#endif
 }
 
 #if W4
-// Loads where w is vec4s (W4): run j's two words of nibbles in one 16-byte load (the block's runs share
-// it) and the block's scale.
+// Loads where w is vec4s (W4; the tensor-core GEMM: QuantType.raw8_int8 is off): run j's two words of
+// nibbles in one 16-byte load (the block's runs share it) and the block's scale.
 struct Raw8 { q: vec2<u32>, d: f32 }
 fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(blk * 4u + (j & 1u) * 2u), split_d(blk)); }
-fn raw8_nibbles(r: Raw8, j: u32) -> vec2<u32> { return (r.q >> vec2<u32>((j >> 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu); }
 fn dq8_raw(r: Raw8, j: u32) -> V8 {
-    let q = raw8_nibbles(r, j);
+    let q = (r.q >> vec2<u32>((j >> 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu);
     return V8((u8x4(q.x) - 8.0) * r.d, (u8x4(q.y) - 8.0) * r.d);
 }
-fn iq8_raw(r: Raw8, j: u32) -> IQ8 { return IQ8(signed_bytes(raw8_nibbles(r, j), 8u), r.d, 0.0); }
 #endif
 
 #if WIDE
