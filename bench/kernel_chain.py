@@ -83,7 +83,9 @@ def streamed(dev, net, dispatches, which, v: int, cache: dict):
             cache[key] = make()
         return cache[key]
     pipe = memo(("pipe", v), lambda: dev.compile(STREAM_WGSL.replace("VU", f"{v}u")))
-    acts = [net.x, net.qkv, net.attn, net.gu, net.h, net.logit_buf]
+    # the activations the model has (a mixture of experts has its own FFN buffers), six bindings
+    names = ("x", "qkv", "attn", "gu", "h", "expert_h", "router_logits", "logit_buf")
+    acts = [getattr(net, n) for n in names if hasattr(net, n)][:6]
     out = []
     for d in dispatches:
         if id(d) not in which:

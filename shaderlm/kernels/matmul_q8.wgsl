@@ -214,13 +214,16 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #end
 #end
 #end
+    // a thread whose tokens all lie past the tile's m (an expert's tile half full, a prompt's last
+    // tile) skips the dots; a subgroup's threads span few tc (32 / RL), so whole subgroups skip
+    let dots = t_base + 4u * tc < m;
     store_tile(li, 0u, load_tile(li, step0, r_base, t_base, m));
     workgroupBarrier();
     for (var step = 0u; step < steps; step++) {
         let buf = step & 1u;
         // the next step's loads (the last step reloads its own, unused)
         let next = load_tile(li, step0 + min(step + 1u, steps - 1u), r_base, t_base, m);
-        for (var g = 0u; g < NS; g += GS) {
+        for (var g = 0u; g < NS && dots; g += GS) {
 #unroll RG r
             let d$r = wd[buf][g * RV + tr + $ru * RL];
 #if MINS
