@@ -6,13 +6,13 @@
 // causal range or sliding window weigh zero, and tiles wholly before the window are never visited.
 // Both products are blocked in registers, so that each workgroup load feeds several multiply-adds
 // (the kernel is bound by those loads otherwise):
-//   scores: a thread takes SR = 2 query rows x SK keys, loading 2 q quads and SK K vec4s a step of 4 dims;
-//   output: a thread takes PR = 4 query rows x OV vec4s of the head, a vec4 of weights (the tile's
+//   scores: a thread takes SR (2) query rows x SK keys, loading SR q quads and SK K vec4s a step of 4 dims;
+//   output: a thread takes PR (4) query rows x OV vec4s of the head, a vec4 of weights (the tile's
 //   weights are stored key-major) and OV V vec4s a key.
 // q is held as f16 pairs (as K is in the cache), which leaves room for these tiles.
 // Threads scoring a row keep its running max (the tile's from their partial maxima in workgroup
-// memory); threads summing a row's output keep its running sum. Needs BQ * BK = 512 SK, BQ * H4 =
-// 1024 OV and BK * H4 a multiple of 256 (ops.prefill_attention_tile_ok).
+// memory); threads summing a row's output keep its running sum. Needs BQ * BK = SR WG SK, BQ * H4 =
+// PR WG OV and BK * H4 a multiple of WG (ops.prefill_attention_tile_ok).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state
@@ -29,15 +29,15 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(9) var<storage, read> sinks: array<f32>;
 #endif
 
-const WG: u32 = 256u;
+const WG: u32 = {{WG}}u;
 const BQ: u32 = {{BQ}}u;          // queries a workgroup
 const BK: u32 = {{BK}}u;          // keys a tile
 const HD: u32 = {{HD}}u;
 const H4: u32 = HD / 4u;          // vec4s of a head
-const SR: u32 = 2u;               // query rows a thread scores
+const SR: u32 = {{SR}}u;          // query rows a thread scores
 const SK: u32 = {{SK}}u;          // keys a thread scores: BQ BK / (SR WG)
 const SKT: u32 = BK / SK;         // threads across a tile's keys
-const PR: u32 = 4u;               // query rows of a thread's output
+const PR: u32 = {{PR}}u;          // query rows of a thread's output (a vec4 of weights)
 const OV: u32 = {{OV}}u;          // vec4s of a thread's output rows: H4 BQ / (PR WG)
 const OVT: u32 = H4 / OV;         // threads across a head
 const LD: u32 = {{LD}}u;          // vec4s of K (and of V) a thread loads a tile: BK H4 / WG
@@ -61,7 +61,7 @@ struct Tile {
 #end
 }
 
-fn kv_pair(w: vec2<u32>) -> vec4<f32> {
+fn f16x4(w: vec2<u32>) -> vec4<f32> {
     return vec4<f32>(unpack2x16float(w.x), unpack2x16float(w.y));
 }
 
@@ -82,7 +82,7 @@ fn store_k(li: u32, t: Tile) {
 #unroll LD c
     {
         let i = li + $cu * WG;
-        kv[(i / H4) * KS + i % H4] = kv_pair(t.k$c);
+        kv[(i / H4) * KS + i % H4] = f16x4(t.k$c);
     }
 #end
 }
@@ -92,12 +92,12 @@ fn store_v(li: u32, t: Tile, k0: u32, last: u32) {
     {
         let i = li + $cu * WG;
         // unwritten rows could hold NaNs, and 0 * NaN is NaN
-        kv[(i / H4) * KS + i % H4] = select(vec4<f32>(0.0), kv_pair(t.v$c), k0 + i / H4 <= last);
+        kv[(i / H4) * KS + i % H4] = select(vec4<f32>(0.0), f16x4(t.v$c), k0 + i / H4 <= last);
     }
 #end
 }
 
-@compute @workgroup_size(256)
+@compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wid.x;
     let t0 = wid.y * BQ;
@@ -136,8 +136,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         var a$e = vec2<f32>(0.0);
 #end
         for (var j = 0u; j < H4; j++) {
-            let qa = kv_pair(qs[sq * QS + j]);
-            let qb = kv_pair(qs[(sq + 1u) * QS + j]);
+            let qa = f16x4(qs[sq * QS + j]);
+            let qb = f16x4(qs[(sq + 1u) * QS + j]);
 #unroll SK e
             {
                 let kj = kv[(sk + $eu * SKT) * KS + j];

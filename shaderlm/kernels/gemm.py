@@ -179,6 +179,7 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
 
 TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup for a prompt
 TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32
+TC_K_STEP = 64                      # elements of K it stages at once (a last half step is zeros)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
 # A decode batch of this many rows or more takes matmul_tc, in tiles of 64 tokens up to 64 (a pass over
 # the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
@@ -197,9 +198,6 @@ def tc_slices(rows: int, cols: int, tokens: int) -> int:
     return 1 if tiles >= TC_SPLIT_BELOW else _halvings(tiles, cols, TC_SPLIT_TARGET, TC_K_STEP, TC_MIN_SLICE)
 
 
-TC_K_STEP = 64                      # elements of K matmul_tc stages at once (a last half step is zeros)
-
-
 def _tc_row_bytes() -> int:
     """Bytes a staged row of a K step in matmul_tc: 16 of padding keep ldmatrix off bank conflicts
     (emulated, none: its tiles then fit 32 KiB, what CPU adapters offer)."""
@@ -210,7 +208,7 @@ def tensor_cores(dev) -> bool:
     """Whether prompts' GEMMs (and large decode batches') run on matmul_tc: exact int8 subgroup matrices
     (or TC_EMULATE), and room for its tiles (both digits of W's and of x's)."""
     return ((dev.has_int8_matrix or TC_EMULATE)
-            and dev.limit("max-compute-workgroup-storage-size", 0) >= 4 * 128 * _tc_row_bytes()
+            and dev.limit("max-compute-workgroup-storage-size", 0) >= 2 * sum(TC_TILE) * _tc_row_bytes()
             and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
 
 
@@ -224,14 +222,14 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
     bn = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1]        # tokens a workgroup
-    wg, rw = TC_THREADS, _tc_row_bytes() // 4
+    bm, wg, rw = TC_TILE[0], TC_THREADS, _tc_row_bytes() // 4
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
-                        BN=bn, NJ=8 * bn // wg, EW=TC_K_STEP // 8 * 128 // wg, XV=cdiv(TC_K_STEP // 8 * bn, wg),
-                        WSW=max(2 * 128 * rw, 8 * wg), XS=max(2 * bn * rw, 8 * wg), RS=4 * rw, EMULATE=TC_EMULATE,
-                        KS=TC_K_STEP, KU=TC_K_STEP // 32, TAIL=w.cols % TC_K_STEP != 0)
+                        BM=bm, BN=bn, NJ=bm * bn // (16 * wg), EW=TC_K_STEP // 8 * bm // wg,
+                        XV=cdiv(TC_K_STEP // 8 * bn, wg), WSW=max(2 * bm * rw, 8 * wg), XS=max(2 * bn * rw, 8 * wg),
+                        RS=4 * rw, EMULATE=TC_EMULATE, KS=TC_K_STEP, KU=TC_K_STEP // 32, TAIL=w.cols % TC_K_STEP != 0)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)

@@ -5,7 +5,7 @@
 // (quantize_q8.wgsl's TOKEN), 16 bits each, as two int8 digits X = 256 hi + lo. A row's sum is then
 // integer to the end: C = 65536 hi.hi + 256 (hi.lo + lo.hi) (lo.lo, under 2^-16 of C, is dropped), in
 // two i32 accumulators over all of K, and y = rw[row] xd[t] C: about as exact as f32 x and weights.
-// A workgroup: BM = 128 rows x BN tokens (128; 64 for a decode batch of 64 rows or fewer), WG / 32
+// A workgroup: BM rows x BN tokens (gemm.TC_TILE; BN 64 for a decode batch of 64 rows or fewer), WG / 32
 // subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each 32 of K); K steps of 64
 // in one workgroup buffer, the next step's words loaded into registers while this one multiplies (two
 // barriers a step: as many a 64 of K as two buffers of 32 took, with twice the time for the loads to
@@ -40,7 +40,7 @@ struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_s
 #endif
 
 const WG: u32 = {{WG}}u;
-const BM: u32 = 128u;
+const BM: u32 = {{BM}}u;         // rows a workgroup (gemm.TC_TILE)
 const BN: u32 = {{BN}}u;
 const SPLIT: u32 = {{SPLIT}}u;   // slices of K (grid z)
 const NJ: u32 = {{NJ}}u;         // 16-token products a subgroup: its 16 NJ tokens
@@ -228,8 +228,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #if EMULATE
     lane = li % 32u;
 #endif
-    let r0 = (sg % 4u) * 32u;
-    let c0 = (sg / 4u) * 16u * NJ;
+    let r0 = (sg % (BM / 32u)) * 32u;
+    let c0 = (sg / (BM / 32u)) * 16u * NJ;
     let mw = rw[min(r_base + li / TPR, p.rows - 1u)];
     let inv = select(LIM / mw, 0.0, mw == 0.0);
     let steps = (p.k / SPLIT + KS - 1u) / KS;     // this workgroup's K steps: all, or its slice's

@@ -247,22 +247,28 @@ def prefill_attention_tile(dev, head_dim: int) -> tuple[int, int] | None:
     return None
 
 
+# attention_prefill.wgsl's threads, and the blocks a thread computes: query rows it scores (x SK keys)
+# and rows of the output it sums (x OV vec4s of the head)
+PREFILL_THREADS, PREFILL_SCORE_ROWS, PREFILL_SUM_ROWS = 256, 2, 4
+
+
 def _prefill_tile_defines(head_dim: int, bq: int, bk: int) -> dict:
-    """attention_prefill.wgsl's defines for a (queries, keys) tile: its threads' blocks (SK keys of 2
-    rows scored, OV vec4s of 4 rows summed, LD vec4s of K and V loaded)."""
-    h4 = head_dim // 4
-    return dict(HD=head_dim, BQ=bq, BK=bk, SK=bq * bk // 512, OV=h4 * bq // 1024, LD=bk * h4 // 256)
+    """attention_prefill.wgsl's defines for a (queries, keys) tile: its threads' blocks (SK keys of SR
+    rows scored, OV vec4s of PR rows summed, LD vec4s of K and V loaded)."""
+    h4, wg, sr, pr = head_dim // 4, PREFILL_THREADS, PREFILL_SCORE_ROWS, PREFILL_SUM_ROWS
+    return dict(HD=head_dim, BQ=bq, BK=bk, WG=wg, SR=sr, PR=pr, SK=bq * bk // (sr * wg), OV=h4 * bq // (pr * wg),
+                LD=bk * h4 // wg)
 
 
 def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
-    """The tile's workgroup memory fits and its thread layout covers it: whole blocks of 2 rows x SK keys
-    and 4 rows x OV vec4s for 256 threads, whole vec4 loads of the key tile."""
-    h4 = head_dim // 4
-    if head_dim % 4 or (bq * bk) % 512 or (h4 * bq) % 1024 or (bk * h4) % 256 or 512 % bq:
+    """The tile's workgroup memory fits and its thread layout covers it: whole blocks of SR rows x SK keys
+    and PR rows x OV vec4s for its threads, whole vec4 loads of the key tile."""
+    h4, wg, sr, pr = head_dim // 4, PREFILL_THREADS, PREFILL_SCORE_ROWS, PREFILL_SUM_ROWS
+    if head_dim % 4 or (bq * bk) % (sr * wg) or (h4 * bq) % (pr * wg) or (bk * h4) % wg or (sr * wg) % bq:
         return False
     # its workgroup arrays: q as f16 quads and a key tile of vec4s (rows a vec4 apart), the weights
-    # (rows 4 floats apart), 512 partial maxima and a float a query
-    size = 8 * bq * (h4 + 1) + 16 * bk * (h4 + 1) + 4 * (bk * (bq + 4) + 512 + bq)
+    # (rows 4 floats apart), the partial maxima (SR WG) and a float a query
+    size = 8 * bq * (h4 + 1) + 16 * bk * (h4 + 1) + 4 * (bk * (bq + 4) + sr * wg + bq)
     return size <= dev.limit("max-compute-workgroup-storage-size", 16384)
 
 
