@@ -226,6 +226,28 @@ def test_matmul_int8_tiles(dev, tile):
     check_matmul(dev, "Q4_1", 77, 96, 67, 67, seed=tile[1], int8=True, q8_tile=tile)
 
 
+@pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_0"])
+def test_matmul_int8_tile_invariant(dev, qtype):
+    """A token's int8 GEMM result is the same bits in every prompt tile (its runs folded in K order
+    whatever the tile's rows, tokens, threads or K step), so a prompt's results do not hang on the
+    tile gemm.q8_tile picks for its length or the adapter's workgroup memory."""
+    rng = np.random.default_rng(7)
+    rows, K, n = 150, 512, 140
+    raw, _ = make_weight(qtype, rows, K, rng)
+    w = upload(dev, qtype, raw, rows, K)
+    xb = dev.upload(rng.standard_normal((n, K)).astype(np.float32))
+    st = state(dev, n=n)
+    outs = {}
+    for tile in gemm.Q8_TILES:
+        yb = dev.upload(poisoned((n, rows)))
+        run(dev, ops.matmul(dev, w, xb, yb, st, tt=n, y_stride=rows, row0=0, accumulate=False, bias=None,
+                            from_state_row=False, tiled=True, int8=True, q8_tile=tile), n)
+        outs[tile] = read_f32(dev, yb, (n, rows)).view(np.uint32)
+    first = gemm.Q8_TILES[0]
+    for tile, got in outs.items():
+        assert np.array_equal(got, outs[first]), f"{qtype}: tile {tile} differs from {first}"
+
+
 @pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 20, None), ("Q6_K", 77, 1024, 19, 2),
                                                    ("Q8_0", 130, 1536, 64, None)])
 def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):

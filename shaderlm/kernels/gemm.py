@@ -19,8 +19,10 @@ from .grid import ROW_WG, cdiv, grid_1d
 from .weights import row_max
 
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
-# (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference
-Q8_TILES = ((8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
+# (default 16), threads WG (default 256)]): tiles of WG / TL TM rows x 4 TL TV tokens, in order of preference.
+# The first takes 128 threads: a thread's 64 outputs take nearly all 255 registers, so that two of its
+# workgroups share a multiprocessor where one of 256 filled it, and one waits at its barrier while the other runs.
+Q8_TILES = ((8, 2, 1, 16, 128), (8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
 # for a few tokens (a decode batch's rows past matmul_few's): tiles of 32 or 64 tokens, a token's threads
 # few, so that small matrices still make many workgroups
 Q8_FEW_TILES = ((4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
