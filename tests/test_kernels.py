@@ -228,9 +228,9 @@ def test_matmul_int8_tiles(dev, tile):
 
 @pytest.mark.parametrize("qtype", ["Q4_K", "Q6_K", "Q4_0"])
 def test_matmul_int8_tile_invariant(dev, qtype):
-    """A token's int8 GEMM result is the same bits in every prompt tile (its runs folded in K order
-    whatever the tile's rows, tokens, threads or K step), so a prompt's results do not hang on the
-    tile gemm.q8_tile picks for its length or the adapter's workgroup memory."""
+    """A token's int8 GEMM result is the same bits in every tile (its runs folded in K order whatever
+    the tile's rows, tokens, threads or K step), so a prompt's or a decode batch's results do not hang
+    on the tile gemm.q8_tile picks for its length or the adapter's workgroup memory."""
     rng = np.random.default_rng(7)
     rows, K, n = 150, 512, 140
     raw, _ = make_weight(qtype, rows, K, rng)
@@ -238,7 +238,7 @@ def test_matmul_int8_tile_invariant(dev, qtype):
     xb = dev.upload(rng.standard_normal((n, K)).astype(np.float32))
     st = state(dev, n=n)
     outs = {}
-    for tile in gemm.Q8_TILES:
+    for tile in gemm.Q8_TILES + gemm.Q8_FEW_TILES:
         yb = dev.upload(poisoned((n, rows)))
         run(dev, ops.matmul(dev, w, xb, yb, st, tt=n, y_stride=rows, row0=0, accumulate=False, bias=None,
                             from_state_row=False, tiled=True, int8=True, q8_tile=tile), n)

@@ -24,8 +24,8 @@ from .weights import row_max
 # workgroups share a multiprocessor where one of 256 filled it, and one waits at its barrier while the other runs.
 Q8_TILES = ((8, 2, 1, 16, 128), (8, 2, 2), (4, 2, 1), (4, 1, 2), (8, 2, 1), (8, 1, 1), (4, 1, 1))
 # for a few tokens (a decode batch's rows past matmul_few's): tiles of 32 or 64 tokens, a token's threads
-# few, so that small matrices still make many workgroups
-Q8_FEW_TILES = ((4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
+# few; 8 rows a thread first (128 threads: two workgroups an SM), 4 where that leaves too few workgroups
+Q8_FEW_TILES = ((8, 1, 1, 8, 128), (8, 1, 1, 16, 128), (4, 1, 2, 8, 128), (4, 1, 2, 16, 128))
 MIN_WORKGROUPS = 100        # the next tile where one leaves fewer workgroups
 
 
