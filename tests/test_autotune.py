@@ -10,6 +10,7 @@ import pytest
 
 import shaderlm
 from shaderlm.gpu import tuner
+from shaderlm.kernels import gemm
 from shaderlm.kernels import tuning as shape_cache
 
 from synth_models import check_logits
@@ -33,9 +34,9 @@ def _fast_timer(timer):
     """The real timer with one sample per candidate and no minimum duration (lavapipe is slow)."""
     calls = []
 
-    def fast(dev, plans, reps, min_s, reset, max_repeat):
+    def fast(dev, plans, reps, min_s, reset, max_repeat, n=1):
         calls.append(len(plans))
-        return timer(dev, plans, 1, 0.0, reset, max_repeat)
+        return timer(dev, plans, 1, 0.0, reset, max_repeat, n=n)
     fast.calls = calls
     return fast
 
@@ -116,3 +117,47 @@ def test_candidate_plans_skip_what_cannot_build(tuning, synth_gguf):
     assert len(logs) == 1 and str(bad) in logs[0] and "skipped" in logs[0], logs
     for shape, p in plans.items():
         assert len(p.dispatches) == len(plan.dispatches), shape
+
+
+def test_prompt_gemm_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch, tmp_path):
+    """With the int8 prompt GEMM, tuning also picks each prompt GEMM's tile (timed over a whole pass of
+    the model's prompt tokens), caches it, and every plan holding a prompt's GEMMs is rebuilt with it.
+    A timer that prefers a tile other than the built-in one makes the pick visible; the prompt's logits
+    are the same bits as with the built-in tiles (a token's int8 result does not depend on the tile)."""
+    monkeypatch.setenv("SHADERLM_EXACT_PREFILL", "0")
+    runs, picked = [], {}
+
+    def prefer_last_tile(dev, plans, reps, min_s, reset, max_repeat, n=1):
+        shapes = list(plans)
+        runs.append(n)
+        for p in plans.values():                     # every candidate builds and runs
+            reset()
+            p.run(n)
+        if len(shapes[0]) != 5:                      # a GEMV's shapes: the built-in one stays
+            return {s: 1.0 if i == 0 else 2.0 for i, s in enumerate(shapes)}
+        target = picked.setdefault("tile", shapes[-1])
+        return {s: 0.5 if s == target else 1.0 for s in shapes}
+    monkeypatch.setattr(tuner, "_timer", prefer_last_tile)
+    dev = tuning
+    path = synth_gguf(seed=2, **CASE)
+    m = shaderlm.load(path, progress=False, ctx=64, batch=48)
+    net = m.net
+    shapes = json.loads(shape_cache.cache_path(dev, str(tmp_path)).read_text())["shapes"]
+    prompt_keys = {k for k in shapes if k.startswith("matmul_q8 ")}
+    assert prompt_keys and all(k.endswith(" t48") for k in prompt_keys), shapes
+    tile = picked["tile"]
+    assert tile != gemm.full_tile(gemm.Q8_TILES[0]) and all(tuple(shapes[k]) == tile for k in prompt_keys)
+    assert 48 in runs                                # prompt candidates timed over the whole pass
+    d = gemm.q8_defines(*tile)
+    assert {x.tune.key for x in net.plan_prefill[False].dispatches if x.tune is not None} == prompt_keys
+    for plan in (*net.plan_prefill.values(), *net.plan_prefill_sample.values(), net.plan_logits):
+        q8 = [x for x in plan.dispatches if x.label.startswith("matmul_q8") and x.tune.key in prompt_keys]
+        assert q8, plan
+        for x in q8:          # (plan_logits' LM head over every row is no layer's: built-in)
+            rows = int(x.tune.key.split()[2].split("x")[0])
+            assert x.grid(48)[:2] == (-(-rows // d["BM"]), -(-48 // d["BN"])), (plan, x.tune.key)
+    ids = np.random.default_rng(3).integers(0, m.config.vocab_size, 40).tolist()
+    tuned = m.logits(ids)
+    monkeypatch.setenv("SHADERLM_TUNE", "0")          # the built-in tiles
+    builtin = shaderlm.load(path, progress=False, ctx=64, batch=48).logits(ids)
+    assert np.array_equal(tuned.view(np.uint32), builtin.view(np.uint32))

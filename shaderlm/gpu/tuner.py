@@ -94,21 +94,21 @@ def _groups(plan) -> dict:
     return groups
 
 
-def _timer(dev, plans: dict, reps: int, min_s: float, reset, max_repeat: int, warm_s: float = 0.2) -> dict:
-    """Median GPU seconds per run of each plan: CPU-timed from the submit of an already recorded
-    command buffer to a readback, candidates interleaved so clock changes hit all alike. The first
-    plan runs for warm_s before: compiling the candidates idled the GPU, and its clocks dropped.
+def _timer(dev, plans: dict, reps: int, min_s: float, reset, max_repeat: int, warm_s: float = 0.2, n: int = 1) -> dict:
+    """Median GPU seconds per run of each plan over `n` tokens: CPU-timed from the submit of an already
+    recorded command buffer to a readback, candidates interleaved so clock changes hit all alike. The
+    first plan runs for warm_s before: compiling the candidates idled the GPU, and its clocks dropped.
     `reset()` puts the step back at its start position before every timed run: each decode step
     advances the position, and attention's cost with it."""
     sync = dev.buffer(16)
     first, t_end = next(iter(plans.values())), time.perf_counter() + warm_s
     while time.perf_counter() < t_end:
         reset()
-        first.run(1)
+        first.run(n)
         dev.read(sync, np.uint32, 0, 16)
 
     def once(plan, repeat):
-        cb = plan.record(1, repeat)
+        cb = plan.record(n, repeat)
         reset()
         t0 = time.perf_counter()
         dev.submit([cb])
@@ -124,10 +124,10 @@ def _timer(dev, plans: dict, reps: int, min_s: float, reset, max_repeat: int, wa
 
 
 def tune_plan(dev, plan, cache: ShapeCache, *, reset, max_repeat: int = 64, force: bool = False, reps: int = 5,
-              min_s: float = 0.02, log=None) -> list:
+              min_s: float = 0.02, log=None, n: int = 1) -> list:
     """Tune the shapes of `plan`'s tunable dispatches not yet in `cache` (all with `force`), save the
     cache and rebuild those dispatches in the plan. `reset()` sets the step's start position
-    (written before each timed run of up to max_repeat steps).
+    (written before each timed run of up to max_repeat steps); `n`: the tokens a run (a prompt pass's).
 
     Each candidate is timed in place: the whole plan runs with that key's dispatches (every layer's)
     rebuilt in the candidate shape and the others as they are; timing a key's dispatches alone,
@@ -143,7 +143,7 @@ def tune_plan(dev, plan, cache: ShapeCache, *, reset, max_repeat: int = 64, forc
 
     def fastest(plans: dict, sample_s: float) -> tuple:
         """(the fastest shape if it beats the first by NOISE, else the first; every shape's time)."""
-        times = _timer(dev, plans, reps, sample_s, reset, max_repeat)
+        times = _timer(dev, plans, reps, sample_s, reset, max_repeat, n=n)
         first = next(iter(plans))
         best = min(times, key=times.get)
         return (best if times[best] <= times[first] * (1 - NOISE) else first), times

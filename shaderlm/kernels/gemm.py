@@ -14,8 +14,10 @@ a workgroup, each weight tile decoded once into workgroup memory.
 from __future__ import annotations
 
 from ..gpu.plan import Dispatch
+from ..gpu.tuner import Tunable
 from . import pipeline
 from .grid import ROW_WG, cdiv, grid_1d
+from .tuning import tuned_shape
 from .weights import row_max
 
 # (rows a thread TM, token vec4s a thread TV, 32-element blocks a K step KB[, threads across the tokens TL
@@ -60,6 +62,32 @@ def tile_size(tile) -> tuple[int, int]:
 def q8_workgroup_bytes(*tile) -> int:
     d = q8_defines(*tile)
     return 2 * 16 * (d["WQ"] + 2 * d["WS"] + d["TQ"] + d["TD"] + d["TS"])
+
+
+def full_tile(tile) -> tuple:
+    """A tile as all five of (TM, TV, KB, TL, WG), the defaults filled in."""
+    return (*tile, *(1, 16, 256)[len(tile) - 2:])
+
+
+def tile_valid(tile) -> bool:
+    """`tile` is five ints q8_defines takes (a cached tile this kernel could be given)."""
+    try:
+        return len(tile) == 5 and all(0 < v <= 1024 for v in tile) and bool(q8_defines(*tile))
+    except ValueError:
+        return False
+
+
+def tile_fits(dev, tile, cols: int) -> bool:
+    """The adapter can run `tile` over K = cols: its workgroup memory and threads, whole K steps."""
+    return (q8_workgroup_bytes(*tile) <= dev.limit("max-compute-workgroup-storage-size", 16384)
+            and tile[4] <= dev.limit("max-compute-invocations-per-workgroup", 256) and cols % (32 * tile[2]) == 0)
+
+
+def q8_candidates(dev, cols: int, default) -> list[tuple]:
+    """The tiles the tuner tries for a prompt's int8 GEMM: q8_tile's pick first, then every Q8_TILES tile
+    this adapter runs (K steps of 32 where K needs them). A token's result is the same bits in all of them."""
+    tiles = [full_tile(t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:])) for t in Q8_TILES]
+    return list(dict.fromkeys([full_tile(default)] + [t for t in tiles if tile_fits(dev, t, cols)]))
 
 
 def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
@@ -256,10 +284,11 @@ def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, decode_batch: bool = False, x_after=None, **fused) -> list[Dispatch]:
-    """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else q8_tile's
-    choice (KB 1 where K is not a multiple of 32 KB). `decode_batch` (x: a serving step's rows): up to
-    FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
+              tile=None, decode_batch: bool = False, x_after=None, shape=None, **fused) -> list[Dispatch]:
+    """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
+    prompt the adapter's tuned tile (`shape` in the tuner's rebuilds), else q8_tile's choice (KB 1 where
+    K is not a multiple of 32 KB); a prompt's GEMMs carry a Tunable for the tile (a token's result is
+    the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
     more run on them (matmul_tc).
@@ -277,6 +306,14 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         return matmul_few(dev, w, x, y, st, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
+    tune = None
+    if tile is None and not decode_batch:
+        key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{max_tokens}"
+        default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
+        tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default), lambda s, kw=dict(kw): [
+            d for d in matmul_q8(dev, w, x, y, st, **kw, x_after=x_after, shape=s) if d.tune is not None])
+        shape = shape or tuned_shape(dev, key)
+        tile = shape if shape is not None and tile_valid(shape) and tile_fits(dev, shape, w.cols) else None
     for c in w.chunks:
         t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
         tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)
@@ -290,7 +327,7 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         res = [params, st, c.buffer, *_xbufs(w, xbufs), part] + ([bias] if bias is not None and slices == 1 else [])
         gx, bn = cdiv(c.rows, d["BM"]), d["BN"]
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, bn=bn, z=slices: (gx, cdiv(n, bn), z),
-                            label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size))
+                            label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
         if slices > 1:
             out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
                                   part_tokens=max_tokens, from_state_row=from_state_row, bias=bias, accumulate=accumulate))

@@ -1,5 +1,6 @@
-"""Where the decode kernels' tuned shapes are kept for an adapter: a JSON file per adapter, driver and
-kernel source (editing a tuned kernel invalidates it), opened when a model loads with tuning on."""
+"""Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles) are kept for an adapter: a
+JSON file per adapter, driver and kernel source (editing a tuned kernel invalidates it), opened when a
+model loads with tuning on."""
 from __future__ import annotations
 
 import hashlib
@@ -9,9 +10,9 @@ from weakref import WeakKeyDictionary
 
 from ..gpu.tuner import ShapeCache
 
-VERSION = 8          # of the cache's meaning (what a shape's fields are and how they are timed)
+VERSION = 9          # of the cache's meaning (what a shape's fields are and how they are timed)
 # kernels whose source decides the tuned shapes
-TUNED_SOURCES = ("gemv", "gemv_rows", "quant_common", "reduce")
+TUNED_SOURCES = ("gemv", "gemv_rows", "quant_common", "reduce", "matmul_q8")
 
 _caches: WeakKeyDictionary = WeakKeyDictionary()      # device -> ShapeCache
 
@@ -33,11 +34,12 @@ def cache_path(dev, cache_dir: str | None = None) -> Path:
 def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> ShapeCache:
     """The adapter's shape cache in `cache_dir`, read from disk when first opened (or with `reload`):
     dispatches built from now on take its shapes."""
+    from .gemm import tile_valid
     from .gemv import GemvShape
     path = cache_path(dev, cache_dir)
     cache = _caches.get(dev)
     if cache is None or cache.path != path or reload:
-        cache = _caches[dev] = ShapeCache(path, GemvShape.valid, dev.name)
+        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s), dev.name)
     return cache
 
 

@@ -569,13 +569,18 @@ class Transformer:
         return int(sum(d.bytes for d in self.plan_decode.dispatches))
 
     def tune(self, cache_dir=None, force=False, reps=5, log=None) -> list:
-        """Tune the decode step's kernel shapes for this adapter (those not cached yet; all with
-        `force`) and keep them in the adapter's cache. Steps are timed from position 64 (or
-        mid-context) on, never past the context's end."""
-        pos0 = min(self.ctx // 2, 64)
-        return tune_plan(self.dev, self.plan_decode, open_cache(self.dev, cache_dir), force=force, reps=reps,
-                         log=log, reset=lambda: self.set_state(pos0, 1, 0),
-                         max_repeat=max(1, min(64, self.ctx - 1 - pos0)))
+        """Tune the decode step's kernel shapes, then the prompt GEMMs' tiles, for this adapter (those
+        not cached yet; all with `force`) and keep them in the adapter's cache. Steps are timed from
+        position 64 (or mid-context) on, never past the context's end; prompts as a pass of `batch`
+        tokens from position 0. Every plan is rebuilt if a prompt's tile was tuned."""
+        cache, pos0 = open_cache(self.dev, cache_dir), min(self.ctx // 2, 64)
+        report = tune_plan(self.dev, self.plan_decode, cache, force=force, reps=reps, log=log,
+                           reset=lambda: self.set_state(pos0, 1, 0), max_repeat=max(1, min(64, self.ctx - 1 - pos0)))
+        prompt = tune_plan(self.dev, self.plan_prefill[False], cache, force=force, reps=reps, log=log,
+                           reset=lambda: self.set_state(0, self.batch, 0), max_repeat=1, n=self.batch)
+        if prompt:
+            self._build_plans()
+        return report + prompt
 
     # ---- what the engine drives (engine/runner.py) ---------------------------------------------
     @property
