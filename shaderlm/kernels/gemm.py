@@ -95,12 +95,11 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
     leaving the most), within the adapter's workgroup memory, with K steps of 32 where K needs them.
     Default tiles: Q8_TILES, or for 64 tokens or fewer those of Q8_FEW_TILES and Q8_TILES whose
     tokens are the fewest that hold them."""
-    room = dev.limit("max-compute-workgroup-storage-size", 16384)
     if tiles is None and tokens <= 64:
         bn = max(32, 1 << (tokens - 1).bit_length())
         tiles = [t for t in Q8_FEW_TILES + Q8_TILES if tile_size(t)[1] == bn]
     tiles = [t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:]) for t in tiles or Q8_TILES]
-    fits = [t for t in dict.fromkeys(tiles) if q8_workgroup_bytes(*t) <= room]
+    fits = [t for t in dict.fromkeys(tiles) if tile_fits(dev, full_tile(t), cols)]
     groups = {t: cdiv(rows, tile_size(t)[0]) * cdiv(tokens, tile_size(t)[1]) for t in fits}
     for t, n in groups.items():
         if n >= MIN_WORKGROUPS:
@@ -288,7 +287,8 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
     prompt the adapter's tuned tile (`shape` in the tuner's rebuilds), else q8_tile's choice (KB 1 where
     K is not a multiple of 32 KB); a prompt's GEMMs carry a Tunable for the tile (a token's result is
-    the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
+    the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens
+    matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
     more run on them (matmul_tc).
