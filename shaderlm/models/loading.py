@@ -268,7 +268,7 @@ def _quantized(st, qt: str) -> np.ndarray:
 
 # ---- onto the GPU -------------------------------------------------------------------------------
 def load(opened: OpenedModel, options: Options, *, ctx=None, batch=None, progress=None, log=None) -> Transformer:
-    """The model on the adapter `options` names, its decode kernels tuned where `options` say (shapes
+    """The model on the adapter `options` names, its kernels' shapes tuned where `options` say (shapes
     cached per adapter)."""
     dev = get_device(options.device, options.subgroups)
     tune = options.tune == "1" or (options.tune == "auto" and not dev.is_cpu)
