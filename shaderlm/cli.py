@@ -256,21 +256,11 @@ def cmd_perplexity(args):
     print(f"Final estimate: PPL = {math.exp(mean):.4f} +/- {err:.5f}")
 
 
-def _shape_label(shape) -> str:
-    """A tuned shape as the tune table shows it: a GEMV's, or a prompt GEMM's tile as rows x tokens / threads."""
-    from .kernels import gemm
-    from .kernels.gemv import GemvShape
-    if len(shape) == 5:
-        d = gemm.q8_defines(*shape)
-        return f"{d['BM']}x{d['BN']}/{d['WG']}"
-    return GemvShape.of(shape).label()
-
-
 def cmd_tune(args):
     """Time every candidate shape of the model's tunable kernels (again, even if cached): the decode
     GEMVs, and the int8 prompt GEMM's tiles for a full prompt pass; keep the fastest per adapter and
     print what was chosen."""
-    from .kernels.tuning import cache_path
+    from .kernels.tuning import cache_path, shape_label
     args.ctx = args.ctx or 512                            # room for a full prompt pass (the tiles' key)
     model = _load(args, progress=False, tune=False)       # tuned below, every key
     rows = model.net.tune(model.options.cache_dir, force=True, reps=args.reps,
@@ -279,7 +269,7 @@ def cmd_tune(args):
           "order, so the later rows include the earlier choices)")
     print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")
     for key, d, d_us, b, b_us, n in rows:
-        print(f"{key:>44} | {n:>5} | {_shape_label(d):>8} | {d_us:>8.1f} | {_shape_label(b):>8} | "
+        print(f"{key:>44} | {n:>5} | {shape_label(d):>8} | {d_us:>8.1f} | {shape_label(b):>8} | "
               f"{b_us:>8.1f} | {d_us / b_us:.2f}x")
     print(f"cache: {cache_path(model.device, model.options.cache_dir)}")
 

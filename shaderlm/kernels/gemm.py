@@ -77,6 +77,17 @@ def tile_valid(tile) -> bool:
         return False
 
 
+def k_step_fit(tile, cols: int) -> tuple:
+    """`tile` with K steps of 32 where K = cols is no whole number of its K steps."""
+    return tuple(tile) if cols % (32 * tile[2]) == 0 else (tile[0], tile[1], 1, *tile[3:])
+
+
+def tile_label(tile) -> str:
+    """A tile as rows x tokens / threads."""
+    d = q8_defines(*tile)
+    return f"{d['BM']}x{d['BN']}/{d['WG']}"
+
+
 def tile_fits(dev, tile, cols: int) -> bool:
     """The adapter can run `tile` over K = cols: its workgroup memory and threads, whole K steps."""
     return (q8_workgroup_bytes(*tile) <= dev.limit("max-compute-workgroup-storage-size", 16384)
@@ -86,7 +97,7 @@ def tile_fits(dev, tile, cols: int) -> bool:
 def q8_candidates(dev, cols: int, default) -> list[tuple]:
     """The tiles the tuner tries for a prompt's int8 GEMM: q8_tile's pick first, then every Q8_TILES tile
     this adapter runs (K steps of 32 where K needs them). A token's result is the same bits in all of them."""
-    tiles = [full_tile(t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:])) for t in Q8_TILES]
+    tiles = [full_tile(k_step_fit(t, cols)) for t in Q8_TILES]
     return list(dict.fromkeys([full_tile(default)] + [t for t in tiles if tile_fits(dev, t, cols)]))
 
 
@@ -98,7 +109,7 @@ def q8_tile(dev, rows: int, cols: int, tokens: int, tiles=None) -> tuple:
     if tiles is None and tokens <= 64:
         bn = max(32, 1 << (tokens - 1).bit_length())
         tiles = [t for t in Q8_FEW_TILES + Q8_TILES if tile_size(t)[1] == bn]
-    tiles = [t if cols % (32 * t[2]) == 0 else (t[0], t[1], 1, *t[3:]) for t in tiles or Q8_TILES]
+    tiles = [k_step_fit(t, cols) for t in tiles or Q8_TILES]
     fits = [t for t in dict.fromkeys(tiles) if tile_fits(dev, full_tile(t), cols)]
     groups = {t: cdiv(rows, tile_size(t)[0]) * cdiv(tokens, tile_size(t)[1]) for t in fits}
     for t, n in groups.items():
@@ -283,11 +294,10 @@ def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, decode_batch: bool = False, x_after=None, shape=None, **fused) -> list[Dispatch]:
+              tile=None, decode_batch: bool = False, x_after=None, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
-    prompt the adapter's tuned tile (`shape` in the tuner's rebuilds), else q8_tile's choice (KB 1 where
-    K is not a multiple of 32 KB); a prompt's GEMMs carry a Tunable for the tile (a token's result is
-    the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens
+    prompt the adapter's tuned tile, else q8_tile's choice (KB 1 where K is not a multiple of 32 KB); a
+    prompt's GEMMs carry a Tunable for the tile (a token's result is the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens
     matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
     partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
@@ -306,20 +316,27 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         return matmul_few(dev, w, x, y, st, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
-    tune = None
-    if tile is None and not decode_batch:
-        key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{max_tokens}"
-        default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
-        tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default), lambda s, kw=dict(kw): [
-            d for d in matmul_q8(dev, w, x, y, st, **kw, x_after=x_after, shape=s) if d.tune is not None])
-        shape = shape or tuned_shape(dev, key)
-        tile = shape if shape is not None and tile_valid(shape) and tile_fits(dev, shape, w.cols) else None
+    gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+                 from_state_row=from_state_row, decode_batch=decode_batch)
+    if tile is not None or decode_batch:
+        return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, **gemms)
+    key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{max_tokens}"
+    default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
+    tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default),
+                   lambda s: _q8_gemms(dev, w, xbufs, y, st, tile=s, tune=tune, **gemms))
+    tuned = tuned_shape(dev, key)
+    tile = tuned if tuned is not None and tile_valid(tuned) and tile_fits(dev, tuned, w.cols) else None
+    return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, tune=tune, **gemms)
+
+
+def _q8_gemms(dev, w, xbufs, y, st, *, tile, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+              decode_batch, tune=None) -> list[Dispatch]:
+    """matmul_q8's GEMM dispatches over x's rounding `xbufs`: one a row chunk in `tile` (else q8_tile's
+    for the chunk), and for a decode batch the split sums."""
+    out = []
     for c in w.chunks:
-        t = tile or q8_tile(dev, c.rows, w.cols, max_tokens)
-        tm, tv, kb, *more = t if len(t) > 2 else (*t, 1)
         slices = k_slices(c.rows, w.cols) if decode_batch else 1
-        kb = kb if (w.cols // slices) % (32 * kb) == 0 else 1
-        d = q8_defines(tm, tv, kb, *more)
+        d = q8_defines(*k_step_fit(full_tile(tile or q8_tile(dev, c.rows, w.cols, max_tokens)), w.cols // slices))
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_q8", **_type_defines(w), **kw, SPLIT=slices, **d)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), max_tokens, 0)

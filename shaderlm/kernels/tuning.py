@@ -43,6 +43,13 @@ def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> Shape
     return cache
 
 
+def shape_label(shape) -> str:
+    """A cached shape as `shaderlm tune` shows it: a decode GEMV's, or a prompt GEMM's tile."""
+    from .gemm import tile_label, tile_valid
+    from .gemv import GemvShape
+    return tile_label(shape) if tile_valid(shape) else GemvShape.of(shape).label()
+
+
 def close_cache(dev):
     """Build with the built-in shapes from now on (tuning off)."""
     _caches.pop(dev, None)
