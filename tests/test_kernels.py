@@ -1201,7 +1201,8 @@ def test_sample_logprobs(dev):
     and its slot's top_logprobs most likely tokens (ids exact: larger value first, lowest id on ties).
     Rows: greedy top 5 with a tie inside the top 5; drawn (T 0.8, top_k 50) top 20; a padding row;
     greedy top 20 where 2,000 logits (over the sampler's 1,024 survivors) tie at the 3rd value; greedy
-    top 0 (only the token's). Each row writes its own slot's position and nothing else."""
+    top 0 (only the token's). Each row writes its own slot's position and nothing else. The rows'
+    log-sum-exps come from 10 parts of 4,096 logits, the last part short."""
     V, HIST, W = 40001, 8, 1 + 2 * ops.TOPN
     n4 = -(-V // 4)
     rng = np.random.default_rng(5)
@@ -1226,7 +1227,7 @@ def test_sample_logprobs(dev):
     pb = dev.upload(pos.copy())
     paging = ops.Paging(None, 16, 1, rows=dev.upload(slots), seq_pos=pb, hist=HIST)
     run(dev, ops.sample(dev, dev.upload(lg), tb, None, dev.upload(params), paging=paging, batch=len(spec),
-                        logprobs=lp), 1)
+                        logprobs=lp, vocab=V), 1)
     toks, out = dev.read(tb, np.uint32).reshape(4, HIST), read_f32(dev, lp, (4, HIST, W))
     assert (dev.read(pb, np.uint32)[:4] == pos + 1).all()
     for b, sp in enumerate(spec):

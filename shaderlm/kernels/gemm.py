@@ -320,7 +320,8 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
                  from_state_row=from_state_row, decode_batch=decode_batch)
     if tile is not None or decode_batch:
         return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, **gemms)
-    key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{max_tokens}"
+    # keyed by the pass's tokens rounded up to a power of 2: contexts of about the same size share a tuning
+    key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{1 << (max_tokens - 1).bit_length()}"
     default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
     tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default),
                    lambda s: _q8_gemms(dev, w, xbufs, y, st, tile=s, tune=tune, **gemms))

@@ -294,24 +294,36 @@ TOPN = 20           # the most likely tokens a logprobs request may ask for (Ope
 
 
 def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, batch: int = 0,
-           logprobs=None) -> Dispatch:
+           logprobs=None, vocab: int = 0) -> list[Dispatch]:
     """`params`: a uniform buffer from sample_params(); rewritten by the host when settings change.
     The sampler reads row 0 of `logits` as vec4s (Device buffers are whole vec4s; lanes past the
     vocabulary are masked). With a batched paging: `batch` rows of logits (each a whole number of
     vec4s), each sampled for its row's sequence with that slot's entry of `params` (a storage array);
     with `logprobs` (a buffer of 1 + 2 * TOPN floats a slot position), also each row's log-probabilities:
-    the token drawn's and its slot's top_logprobs most likely tokens' (kernels/sample.wgsl)."""
+    the token drawn's and its slot's top_logprobs most likely tokens' (kernels/sample.wgsl), the rows'
+    log-sum-exps from partials over the `vocab` logits made by a dispatch before (kernels/logsumexp.wgsl)."""
     # 512 threads x 16 vec4 loads in flight each: the measured best (docs/performance.md)
     lim = dev.limit("max-compute-invocations-per-workgroup", 256)
     if paging is None:
         if logprobs is not None:
             raise ValueError("log-probabilities come with a batched sampler (a paging with rows)")
         pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
-        return Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")
-    lp = logprobs is not None
-    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist, LOGPROBS=lp, TOPN=TOPN)
-    bg = dev.bind_group(pipe, [params, None, logits, tokens, logprobs] + [None] * 5 + [paging.rows, paging.seq_pos])
-    return Dispatch(pipe, bg, (batch, 1, 1), label="sample")
+        return [Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")]
+    if logprobs is None:
+        pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist)
+        bg = dev.bind_group(pipe, [params, None, logits, tokens] + [None] * 6 + [paging.rows, paging.seq_pos])
+        return [Dispatch(pipe, bg, (batch, 1, 1), label="sample")]
+    if vocab < 1:
+        raise ValueError("log-probabilities need the vocabulary's size")
+    wg, u = 256, 4                         # a part: 4,096 logits, a thread's 4 vec4 loads in flight
+    parts = cdiv(cdiv(vocab, 4), wg * u)
+    lse = dev.scratch(f"sample.lse.{batch}x{parts}", 8 * batch * parts)
+    pp = pipeline(dev, "logsumexp", WG=wg, U=u, VOCAB=vocab, PARTS=parts)
+    partials = Dispatch(pp, dev.bind_group(pp, [logits, paging.rows, lse]), (parts, batch, 1), label="logsumexp")
+    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist, LOGPROBS=True, TOPN=TOPN,
+                    PARTS=parts)
+    bg = dev.bind_group(pipe, [params, None, logits, tokens, logprobs, lse] + [None] * 4 + [paging.rows, paging.seq_pos])
+    return [partials, Dispatch(pipe, bg, (batch, 1, 1), label="sample")]
 
 
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0, top_logprobs=0) -> tuple:

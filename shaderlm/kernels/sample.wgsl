@@ -18,9 +18,9 @@
 // LOGPROBS (with BATCH, for the serving engine's requests that ask): then the log-probability of the
 // token drawn and the slot's top_logprobs most likely tokens with theirs, of the model's distribution
 // (temperature 1), into the slot's stretch of `lp_out` at the new token's position: 1 + 2 * TOPN floats
-// (ids as float bits), most likely first, lowest id first on ties. The log-sum-exp is one more pass;
-// the most likely are top-k's radix select and compaction, then ranked among themselves, so any
-// number of them costs the same few passes.
+// (ids as float bits), most likely first, lowest id first on ties. The log-sum-exp comes from the
+// row's PARTS partials (logsumexp.wgsl, the dispatch before); the most likely are top-k's radix
+// select and compaction, then ranked among themselves, so any number of them costs the same few passes.
 #include reduce
 #include state
 
@@ -35,7 +35,9 @@ var<private> p: Sampling;
 var<private> row_base: u32;          // logits row b's first vec4
 #if LOGPROBS
 const TOPN: u32 = {{TOPN}}u;
+const PARTS: u32 = {{PARTS}}u;
 @group(0) @binding(4) var<storage, read_write> lp_out: array<f32>;
+@group(0) @binding(5) var<storage, read> lse_parts: array<vec2<f32>>;   // (max, sum of exp(v - max)) a part
 #endif
 #else
 @group(0) @binding(0) var<uniform> p: Sampling;
@@ -368,16 +370,17 @@ fn draw(li: u32, pos: u32, k: u32, m: f32, am: u32, n: u32) -> u32 {
 }
 
 #if LOGPROBS
-// The log-sum-exp of the row at temperature 1, m its largest logit.
-fn log_sum_exp(li: u32, m: f32) -> f32 {
-    var c = vec4<f32>(0.0);
-    for (var b = 0u; b < n4(); b += WG * U) {
-        let v = strided(b, li);
-#unroll U u
-        c += select(vec4<f32>(0.0), exp(v[$u] - vec4<f32>(m)), live(b + $uu * WG + li));
-#end
+// The log-sum-exp of batch row b at temperature 1, from its parts' (max, sum of exp(v - max)).
+fn log_sum_exp(li: u32, b: u32) -> f32 {
+    var m = -3.4e38;
+    for (var i = li; i < PARTS; i += WG) { m = max(m, lse_parts[b * PARTS + i].x); }
+    let mx = wg_max(m);
+    var s = 0.0;
+    for (var i = li; i < PARTS; i += WG) {
+        let q = lse_parts[b * PARTS + i];
+        s += q.y * exp(q.x - mx);
     }
-    return m + log(wg_sum(c.x + c.y + c.z + c.w));
+    return mx + log(wg_sum(s));
 }
 // The `top` most likely tokens and their log-probabilities into lp_out from o: the top-th largest
 // key by top_k_key, the keys above it and then as many of its ties as are left (lowest ids first)
@@ -444,7 +447,7 @@ fn main(@builtin(local_invocation_index) li: u32, @builtin(workgroup_id) wid: ve
         seq_pos[s] = pos;
     }
 #if LOGPROBS
-    let lse = log_sum_exp(li, at(am / 4u)[am % 4u]);
+    let lse = log_sum_exp(li, wid.x);
     let o = (s * HIST + pos) * (1u + 2u * TOPN);
     if (li == 0u) { lp_out[o] = at(tok / 4u)[tok % 4u] - lse; }
     let top = min(min(prm.top_logprobs, TOPN), prm.vocab);

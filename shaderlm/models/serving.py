@@ -141,20 +141,20 @@ class Serving:
         self._one_row = one_row
         sampler = self._sampler(one_row, 1, False)
         self.plan_prefill = Plan(dev, body, "serving prefill")
-        self.plan_prefill_sample = Plan(dev, body + head + [sampler], "serving prefill+sample")
+        self.plan_prefill_sample = Plan(dev, body + head + sampler, "serving prefill+sample")
         self._prefill_lp = None
 
-    def _sampler(self, paging, rows: int, logprobs: bool):
-        """The sampler of `rows` rows; with `logprobs`, also writing each row's log-probabilities
-        (their buffer made on first use)."""
+    def _sampler(self, paging, rows: int, logprobs: bool) -> list:
+        """The sampler of `rows` rows (one dispatch); with `logprobs`, also writing each row's
+        log-probabilities (their buffer made on first use)."""
         if logprobs and self.lp is None:
             self.lp = self.dev.buffer(4 * self.slots * self.hist * self.lp_width, label="slot logprobs")
         return ops.sample(self.dev, self.logits, self.tokens, None, self.params, paging=paging, batch=rows,
-                          logprobs=self.lp if logprobs else None)
+                          logprobs=self.lp if logprobs else None, vocab=self.net.args.vocab_size)
 
     def _with_logprobs(self, plan: Plan, paging, rows: int) -> list:
         """`plan`'s dispatches with its sampler (the last) also writing log-probabilities."""
-        return plan.dispatches[:-1] + [self._sampler(paging, rows, True)]
+        return plan.dispatches[:-1] + self._sampler(paging, rows, True)
 
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
         """The decode step of `rows` rows (a bucket size), its sampler writing log-probabilities or not
@@ -171,7 +171,7 @@ class Serving:
                 build = self._build(1, state, batch=rows)
                 body = net.body(build)
                 head = net.head_ops(rows) if build.gemm else net.head_ops(1, decode=net.fuse)
-                dispatches = body + head + [sampler]
+                dispatches = body + head + sampler
             plan = self._decode[rows, logprobs] = Plan(self.dev, dispatches, f"serving decode x{rows}"
                                                        + " +logprobs" * logprobs)
         return plan

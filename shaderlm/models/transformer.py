@@ -552,9 +552,9 @@ class Transformer:
         head = self.head_ops(1)
         self.plan_prefill = {False: Plan(dev, long_body, "prefill"),                 # layers only
                              True: Plan(dev, short_body, "prefill-short")}
-        self.plan_prefill_sample = {False: Plan(dev, long_body + head + [sampler], "prefill+sample"),
-                                    True: Plan(dev, short_body + head + [sampler], "prefill-short+sample")}
-        self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=self.fuse) + [sampler], "decode")
+        self.plan_prefill_sample = {False: Plan(dev, long_body + head + sampler, "prefill+sample"),
+                                    True: Plan(dev, short_body + head + sampler, "prefill-short+sample")}
+        self.plan_decode = Plan(dev, decode_body + self.head_ops(1, decode=self.fuse) + sampler, "decode")
         self.plan_logits = Plan(dev, long_body + self.head_ops(PREFILL_TT), "logits")
 
     def prefill_plan(self, n: int, sample: bool) -> Plan:
