@@ -22,8 +22,8 @@ def pct(values, q):
 
 async def one(client, model, i, n, temperature, logprobs):
     """One streamed request. Tokens are timed as their chunks arrive: chunks with text, or with
-    `logprobs` every token's chunk (a token that decodes to no text, as a synthetic model's padding
-    tokens do, streams no chunk of its own otherwise)."""
+    `logprobs` every token's chunk (a token that decodes to no text, as a control token or a synthetic
+    file's padding from before shaderlm gave it text, streams no chunk of its own otherwise)."""
     t0 = time.perf_counter()
     stamps, text, finish, usage = [], [], None, None
     extra = dict(logprobs=True, top_logprobs=0) if logprobs else {}
@@ -99,7 +99,7 @@ if __name__ == "__main__":
     ap.add_argument("--temperature", type=float, default=0.7)
     ap.add_argument("--logprobs", action="store_true",
                     help="ask for logprobs, so that every token streams a chunk and is timed (for models "
-                         "whose tokens may decode to no text, such as synthetic ones)")
+                         "whose tokens may decode to no text)")
     a = ap.parse_args()
     a.requests = a.requests or a.concurrency
     raise SystemExit(asyncio.run(main(a)))

@@ -387,7 +387,7 @@ def _pad(tokens: list[str], types: list[int], vocab_size: int) -> None:
     i = 0
     while len(tokens) < vocab_size:
         tokens.append(f"<|pad_{i}|>")
-        types.append(5)          # unused
+        types.append(1)          # normal: it decodes to its name, so that every token a synthetic model picks streams text
         i += 1
 
 

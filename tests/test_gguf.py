@@ -186,6 +186,10 @@ def test_synthetic_overrides_and_errors(tmp_path):
     assert c.n_layers == 1 and c.vocab_size == 2000 and c.tied
     assert f.tensors["token_embd.weight"].type == "F16" and f.tensors["blk.0.attn_q.weight"].type == "Q8_0"
     assert f.metadata["tokenizer.ggml.tokens"][-1].startswith("<|pad_")
+    # padding tokens are text (a random model picks them, and a server streams what it picks)
+    from shaderlm.formats.tokenizer import Tokenizer
+    tok = Tokenizer.from_metadata(f.metadata)
+    assert tok.token_to_bytes(1999) == f.metadata["tokenizer.ggml.tokens"][1999].encode()
     with pytest.raises(TypeError, match="bogus"):
         write_synthetic_gguf(tmp_path / "x.gguf", bogus=1)
     with pytest.raises(ValueError, match="preset"):
