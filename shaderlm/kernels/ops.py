@@ -309,21 +309,19 @@ def sample(dev, logits, tokens, st, params, *, paging: Paging | None = None, bat
             raise ValueError("log-probabilities come with a batched sampler (a paging with rows)")
         pipe = pipeline(dev, "sample", WG=min(512, lim), U=16)
         return [Dispatch(pipe, dev.bind_group(pipe, [params, st, logits, tokens]), (1, 1, 1), label="sample")]
-    if logprobs is None:
-        pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist)
-        bg = dev.bind_group(pipe, [params, None, logits, tokens] + [None] * 6 + [paging.rows, paging.seq_pos])
-        return [Dispatch(pipe, bg, (batch, 1, 1), label="sample")]
-    if vocab < 1:
-        raise ValueError("log-probabilities need the vocabulary's size")
-    wg, u = 256, 4                         # a part: 4,096 logits, a thread's 4 vec4 loads in flight
-    parts = cdiv(cdiv(vocab, 4), wg * u)
-    lse = dev.scratch(f"sample.lse.{batch}x{parts}", 8 * batch * parts)
-    pp = pipeline(dev, "logsumexp", WG=wg, U=u, VOCAB=vocab, PARTS=parts)
-    partials = Dispatch(pp, dev.bind_group(pp, [logits, paging.rows, lse]), (parts, batch, 1), label="logsumexp")
-    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist, LOGPROBS=True, TOPN=TOPN,
-                    PARTS=parts)
+    out, lse, parts = [], None, 0
+    if logprobs is not None:
+        if vocab < 1:
+            raise ValueError("log-probabilities need the vocabulary's size")
+        wg, u = 256, 4                     # a part: 4,096 logits, a thread's 4 vec4 loads in flight
+        parts = cdiv(cdiv(vocab, 4), wg * u)
+        lse = dev.scratch(f"sample.lse.{batch}x{parts}", 8 * batch * parts)
+        pp = pipeline(dev, "logsumexp", WG=wg, U=u, VOCAB=vocab, PARTS=parts)
+        out.append(Dispatch(pp, dev.bind_group(pp, [logits, paging.rows, lse]), (parts, batch, 1), label="logsumexp"))
+    pipe = pipeline(dev, "sample", WG=min(512, lim), U=16, BATCH=True, HIST=paging.hist, LOGPROBS=logprobs is not None,
+                    TOPN=TOPN, PARTS=parts)
     bg = dev.bind_group(pipe, [params, None, logits, tokens, logprobs, lse] + [None] * 4 + [paging.rows, paging.seq_pos])
-    return [partials, Dispatch(pipe, bg, (batch, 1, 1), label="sample")]
+    return out + [Dispatch(pipe, bg, (batch, 1, 1), label="sample")]
 
 
 def sample_params(vocab: int, temperature=0.0, top_k=0, top_p=1.0, seed=0, top_logprobs=0) -> tuple:
