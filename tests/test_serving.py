@@ -72,6 +72,27 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
             assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
 
 
+@pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0")])
+@pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
+def test_paged_decode_after_long_prompts(synth_gguf, arch, preset, quant, splits):
+    """Batched fused steps after prompts of 150-200 tokens (several trips of the subgroup decode attention
+    over a sequence's pages; with `splits`, a head's keys over several workgroups as well) give each
+    sequence the greedy tokens it gets alone from the contiguous cache; Gemma 3 with its sliding-window
+    layers too."""
+    from shaderlm.kernels import ops
+    path = synth_gguf(seed=4, preset=preset, arch=arch, quant=quant)
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=True)       # the subgroup decode attention
+    if splits:
+        wg, unroll = ops.attention_shape(m.net.dev, m.config.n_heads)[:2]
+        m = shaderlm.load(path, progress=False, ctx=256, fuse=True,
+                          options=Options.from_env().replace(attention_shape=(wg, unroll, 4, 32)))
+    prompts = [random_ids(m.config.vocab_size, n, 40 + n) for n in (150, 197, 171)]
+    want = [m.generate_tokens(p, 12, stop_at_eos=False) for p in prompts]
+    sv = Serving(m.net, slots=3, seq_ctx=224, tokens_per_submit=4)
+    got = _generate_batched(sv, dict(enumerate(prompts)), 12)
+    assert [got[s] for s in range(3)] == want
+
+
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0"),
                                                ("qwen3", "tiny", "Q4_1")])
 def test_batches_on_the_prompt_gemms(synth_gguf, arch, preset, quant):
@@ -207,6 +228,37 @@ def test_decode_batches_ramp_up_from_an_idle_gpu(engine, monkeypatch):
     ramp = [min(1 << i, engine.k) for i in range(len(steps))]
     assert steps[:3] == ramp[:3] and all(a <= b for a, b in zip(steps, ramp)), steps
     assert sum(steps) >= 19, steps          # the prompt's step sampled the first token
+    _settled(engine)
+
+
+def test_decode_steps_queued_behind_the_prompt(engine, monkeypatch):
+    """A request on an idle engine has its first decode batch submitted behind its prefill, before its
+    first token is read (the GPU need not wait for the host between them); a first token that ends the
+    request (its stop string) then leaves those steps unused: nothing more streams, every page comes back.
+    Where reads wait for everything submitted (no indexed reads: Dawn), the first token is read first."""
+    m = engine.model
+    if not engine.runner.reads_by_submission:
+        pytest.skip("wgpu-native's indexed reads only")
+    _settled(engine)
+    prompt = random_ids(m.config.vocab_size, 9, 31)
+    calls, runner = [], engine.runner
+    for name in ("submit", "first_token"):
+        real = getattr(runner, name)
+        monkeypatch.setattr(runner, name, lambda *a, _n=name, _f=real, **kw: (calls.append(_n), _f(*a, **kw))[1])
+    events = list(engine.submit(Request(prompt, max_tokens=6, stop_at_eos=False)))
+    assert calls[0] == "submit" and "first_token" in calls, calls
+    first = events[0].text
+    assert first and events[0].token_ids == m.generate_tokens(prompt, 1, stop_at_eos=False)
+    calls.clear()
+    cut = list(engine.submit(Request(prompt, max_tokens=6, stop_at_eos=False, stop=[first])))
+    assert calls[0] == "submit" and "first_token" in calls, calls
+    assert "".join(ev.text for ev in cut) == "" and cut[-1].finish_reason == "stop"
+    _settled(engine)
+    monkeypatch.setattr(engine.runner.dev, "indexed", None)
+    calls.clear()
+    again = list(engine.submit(Request(prompt, max_tokens=6, stop_at_eos=False)))
+    assert calls[0] == "first_token" and "submit" in calls, calls
+    assert [t for ev in again for t in ev.token_ids] == [t for ev in events for t in ev.token_ids]
     _settled(engine)
 
 

@@ -281,8 +281,7 @@ class Engine:
         once), then decode batches kept in flight."""
         r = self.runner
         budget, prefilled = self.chunk, []
-        # a prompt done stays in `prefilling` (at its front) until its first token is read, so that a
-        # failed step fails it too
+        # a prompt being prefilled stays in `prefilling` (at its front), so that a failed step fails it too
         while len(self.prefilling) > len(prefilled) and budget > 0:
             seq = self.prefilling[len(prefilled)]
             if seq.cancelled:
@@ -303,17 +302,49 @@ class Engine:
                 self.pool.register(seq.prompt, seq.pages)
                 seq.pos = len(seq.prompt)
                 prefilled.append(seq)
-        for seq in prefilled:           # their first tokens, read once the GPU has all their prompts
-            first = r.read_tokens(seq.slot, seq.pos, 1)
-            lps = self._read_logprobs(seq, seq.pos, 1)
+        # prompts done join the decode batches now; where a token can be read without waiting for what
+        # was submitted after it, their batches are queued behind the prefill before the first tokens are
+        # read, so that the GPU goes on from the prompts to their decode steps without waiting for this
+        # thread (a first token that ends its sequence leaves it a few steps to drop)
+        for seq in prefilled:
             self.prefilling.popleft()
+            self.running.append(seq)
+        if r.reads_by_submission:
+            self._queue_decode()
+        for seq in prefilled:           # their first tokens, before any token of their decode steps
+            first, lp = r.first_token(seq.slot, seq.request.logprobs)
             with self._cv:
                 self.totals["prompt_tokens"] += len(seq.prompt) - seq.cached
-            if self._take(seq, first[0], None if lps is None else lps[0]):
-                self.running.append(seq)
-            else:
-                self._end(seq, seq.finish)
-        # keep `depth` decode batches queued (one, while a prompt waits for its next chunk)
+            if seq.finish is None and not seq.cancelled:
+                self._take(seq, first, lp)
+        self._queue_decode()
+        if self.in_flight:
+            batch, seqs, positions = self.in_flight.popleft()
+            tokens = r.tokens_of(batch)
+            with self._cv:
+                self._recent.append((time.perf_counter(), batch.n * batch.k))
+                while len(self._recent) > 64:
+                    self._recent.popleft()
+            for i, s in enumerate(seqs):
+                s.in_flight -= 1
+                lps = None if s.request.logprobs is None else r.batch_logprobs(batch, i, s.request.logprobs)
+                for j, tok in enumerate(tokens[i]):
+                    if s.finish is not None or s.cancelled or not self._take(s, int(tok), None if lps is None else lps[j]):
+                        break
+        self._retire()
+
+    def _retire(self):
+        """Sequences that ended leave the batch; once no batch in flight computes them, they end."""
+        for s in [s for s in self.running if s.finish is not None or s.cancelled]:
+            self.running.remove(s)
+            self.draining.append(s)
+        for s in [s for s in self.draining if s.in_flight == 0]:
+            self.draining.remove(s)
+            self._end(s, s.finish or "cancelled")
+
+    def _queue_decode(self):
+        """Keep `depth` decode batches queued (one, while a prompt waits for its next chunk)."""
+        r = self.runner
         while len(self.in_flight) < (1 if self.prefilling else self.depth):
             for s in [s for s in self.running if s.finish is not None or s.cancelled]:
                 self.running.remove(s)
@@ -321,8 +352,8 @@ class Engine:
             live = [s for s in self.running if s.wanted() > 0]   # the rest wait for tokens in flight
             if not live:
                 break
-            # from an idle GPU, batches of 1, 2, 4, .. steps (as single-stream decode does): the first of
-            # them is recorded while the GPU waits, and the first tokens reach their streams sooner
+            # from an idle GPU (or one running only a prompt), batches of 1, 2, 4, .. steps, as single-stream
+            # decode does: the first tokens reach their streams sooner
             if not self.in_flight:
                 self.ramp = 1
             k = min(self.k, self.ramp, max(s.wanted() for s in live))   # the others compute a few past their end
@@ -337,25 +368,6 @@ class Engine:
                 s.pos += k
                 s.in_flight += 1
             self.in_flight.append((batch, live, positions))
-        if self.in_flight:
-            batch, seqs, positions = self.in_flight.popleft()
-            tokens = r.tokens_of(batch)
-            with self._cv:
-                self._recent.append((time.perf_counter(), batch.n * batch.k))
-                while len(self._recent) > 64:
-                    self._recent.popleft()
-            for i, s in enumerate(seqs):
-                s.in_flight -= 1
-                lps = None if s.request.logprobs is None else r.batch_logprobs(batch, i, s.request.logprobs)
-                for j, tok in enumerate(tokens[i]):
-                    if s.finish is not None or s.cancelled or not self._take(s, int(tok), None if lps is None else lps[j]):
-                        break
-        for s in [s for s in self.running if s.finish is not None or s.cancelled]:
-            self.running.remove(s)
-            self.draining.append(s)
-        for s in [s for s in self.draining if s.in_flight == 0]:
-            self.draining.remove(s)
-            self._end(s, s.finish or "cancelled")
 
     def _take(self, seq: Sequence, tok: int, lp=None) -> bool:
         """Hand out token `tok` of seq (with its logprobs row `lp` where asked); False once seq has
@@ -372,11 +384,6 @@ class Engine:
         logprobs = [TokenLogprob(tok, *lp)] if lp is not None else []
         seq.stream._put(Event(text=piece, token_ids=[tok], logprobs=logprobs))
         return seq.finish is None
-
-    def _read_logprobs(self, seq: Sequence, pos: int, n: int):
-        """seq's logprobs rows for positions pos..pos+n, or None where its request did not ask."""
-        top = seq.request.logprobs
-        return None if top is None else self.runner.read_logprobs(seq.slot, pos, n, top)
 
     def _end(self, seq: Sequence, reason: str):
         """seq is done: its slot and pages go back, its stream gets the last event."""

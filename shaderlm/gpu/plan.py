@@ -89,5 +89,5 @@ class Plan:
         return enc.finish()
 
     def run(self, n: int = 1, repeat: int = 1, then=None):
-        """record() and submit."""
-        self.device.submit([self.record(n, repeat, then)])
+        """record() and submit; the submission's index where the backend gives one (Device.read_after)."""
+        return self.device.submit([self.record(n, repeat, then)])

@@ -105,6 +105,7 @@ class Serving:
         # a batch's tokens, then (where it computes them) their logprobs rows
         self._staging = [dev.buffer(4 * self.max_rows * self.k_max * (1 + self.lp_width), READBACK, "batch readback")
                          for _ in range(in_flight + 1)]
+        self._first: dict = {}      # slot -> (readback of the token its prompt sampled, its submission, logprobs)
         self._slot = 0
         for s in range(slots):
             self.set_sampling(s)
@@ -211,17 +212,48 @@ class Serving:
             if last:
                 dev.write(self.prefill_row, np.array([slot, 0, 0, 0], np.uint32))
                 dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
-            if last and logprobs:
-                if self._prefill_lp is None:
-                    self._prefill_lp = Plan(dev, self._with_logprobs(self.plan_prefill_sample, self._one_row, 1))
-                self._prefill_lp.run(n)
-            else:
-                (self.plan_prefill_sample if last else self.plan_prefill).run(n)
+            if last and logprobs and self._prefill_lp is None:
+                self._prefill_lp = Plan(dev, self._with_logprobs(self.plan_prefill_sample, self._one_row, 1))
+            plan = (self._prefill_lp if logprobs else self.plan_prefill_sample) if last else self.plan_prefill
+            index = plan.run(n, then=self._first_copy(slot, end, logprobs) if last else None)
+            if last:
+                self._first[slot] = (self._first[slot][0], index, logprobs)
             pos += n
             submits += 1
         if not sample:
             dev.write(self.seq_pos, np.array([end], np.uint32), offset=4 * slot)
         return submits
+
+    def _first_copy(self, slot: int, pos: int, logprobs: bool):
+        """The copy, into slot's own readback buffer, of the token a prompt's last chunk samples at `pos`
+        (and its logprobs row): first_token reads it without waiting for the decode batches queued after."""
+        w = self.lp_width
+        if slot not in self._first:
+            self._first[slot] = (self.dev.buffer(4 * (1 + w), READBACK, f"first token {slot}"), None, False)
+        buf, at = self._first[slot][0], slot * self.hist + pos
+
+        def copy(enc):
+            enc.copy_buffer_to_buffer(self.tokens, 4 * at, buf, 0, 4)
+            if logprobs:
+                enc.copy_buffer_to_buffer(self.lp, 4 * at * w, buf, 4, 4 * w)
+        return copy
+
+    @property
+    def reads_by_submission(self) -> bool:
+        """Whether first_token and tokens_of wait only for the submission that wrote what they read
+        (wgpu-native's indexed polls), not for everything submitted after it too."""
+        return self.dev.indexed is not None
+
+    def first_token(self, slot: int, top: int | None = None) -> tuple[int, tuple | None]:
+        """The token slot's last prefill sampled, and with `top` its logprobs (read_logprobs' row, the
+        prefill having asked for them), once that prefill is done: decode batches submitted after it
+        may still run."""
+        buf, index, logprobs = self._first[slot]
+        if top is not None and not logprobs:
+            raise ValueError(f"slot {slot}'s prefill did not write logprobs")
+        raw = self.dev.read_after(buf, index, 4 * (1 + self.lp_width * (top is not None)))
+        row = None if top is None else parse_logprobs(np.frombuffer(raw, np.float32, offset=4)[None], top)[0]
+        return int(np.frombuffer(raw, np.uint32, count=1)[0]), row
 
     def read_tokens(self, slot: int, pos: int, n: int) -> list[int]:
         return self.dev.read(self.tokens, np.uint32, offset=4 * (slot * self.hist + pos), size=4 * n).tolist()
