@@ -12,11 +12,12 @@ def load(path=None, *, device=None, ctx=None, batch=None, tokens_per_submit=8, p
     device: adapter index or name substring; ctx: context length to allocate; batch: prompt tokens a prefill
     pass (default 512); tokens_per_submit: decode steps a GPU submit; quantize: "q8_0" or "q4_k" for a Hugging
     Face folder's float weights; tune: "auto" | "1" | "0" (or True/False), time the kernels' shapes (decode
-    GEMVs, prompt GEMM tiles) not cached for this adapter yet; int8_act: decode GEMVs that round activations to int8 (the default on GPUs:
-    faster, not exact; False: 24-bit fixed point, exact to f32 rounding); exact_prefill: prompts through the
-    f32 GEMM rather than the int8 one (the default on GPUs: faster, not exact); cache_dir: where tuned shapes
-    are kept; fuse: the fused decode step on or off (a debug switch: default, on for GPUs). Unset ones come
-    from the SHADERLM_* environment variables (shaderlm/options.py), or `options`."""
+    GEMVs, prompt GEMM tiles) not cached for this adapter yet; int8_act: decode GEMVs that round activations
+    to int8 (the default on GPUs: faster, not exact; False: 24-bit fixed point, exact to f32 rounding);
+    exact_prefill: prompts through the f32 GEMM rather than the int8 one (the default on GPUs: faster, not
+    exact); cache_dir: where tuned shapes are kept; fuse: the fused decode step on or off (a debug switch:
+    default, on for GPUs). Unset ones come from the SHADERLM_* environment variables (shaderlm/options.py),
+    or `options`."""
     from .engine.model import Model
     from .options import Options
     if isinstance(tune, bool):

@@ -333,11 +333,15 @@ class Engine:
                         break
         self._retire()
 
-    def _retire(self):
-        """Sequences that ended leave the batch; once no batch in flight computes them, they end."""
+    def _drop_ended(self):
+        """Sequences that ended (or were cancelled) leave the decode batch."""
         for s in [s for s in self.running if s.finish is not None or s.cancelled]:
             self.running.remove(s)
             self.draining.append(s)
+
+    def _retire(self):
+        """Sequences that ended leave the batch; once no batch in flight computes them, they end."""
+        self._drop_ended()
         for s in [s for s in self.draining if s.in_flight == 0]:
             self.draining.remove(s)
             self._end(s, s.finish or "cancelled")
@@ -346,9 +350,7 @@ class Engine:
         """Keep `depth` decode batches queued (one, while a prompt waits for its next chunk)."""
         r = self.runner
         while len(self.in_flight) < (1 if self.prefilling else self.depth):
-            for s in [s for s in self.running if s.finish is not None or s.cancelled]:
-                self.running.remove(s)
-                self.draining.append(s)
+            self._drop_ended()
             live = [s for s in self.running if s.wanted() > 0]   # the rest wait for tokens in flight
             if not live:
                 break

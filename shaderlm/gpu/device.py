@@ -255,6 +255,12 @@ class Device:
             self.queue.submit(command_buffers)
             return None
 
+    @property
+    def reads_by_submission(self) -> bool:
+        """Whether read_after waits only for the submission it names (wgpu-native's indexed polls), not
+        for everything submitted after it too."""
+        return self.indexed is not None
+
     def read_after(self, staging, index, size: int) -> bytes:
         """`size` bytes of the MAP_READ buffer `staging` once submission `index` has written it,
         without waiting for later submissions where the backend allows (see backend.py)."""

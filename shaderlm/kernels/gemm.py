@@ -297,9 +297,10 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
               tile=None, decode_batch: bool = False, x_after=None, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
     prompt the adapter's tuned tile, else q8_tile's choice (KB 1 where K is not a multiple of 32 KB); a
-    prompt's GEMMs carry a Tunable for the tile (a token's result is the same in every tile). `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens
-    matmul_few; more, K in k_slices' slices (their tiles alone would leave the GPU idle), their
-    partial sums added in order by a second dispatch. On a device with exact int8 subgroup matrices, a
+    prompt's GEMMs carry a Tunable for the tile (a token's result is the same in every tile).
+    `decode_batch` (x: a serving step's rows): up to FEW_TOKENS tokens matmul_few; more, K in k_slices'
+    slices (their tiles alone would leave the GPU idle), their partial sums added in order by a second
+    dispatch. On a device with exact int8 subgroup matrices, a
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
     more run on them (matmul_tc).
     `x_after`: a weight this GEMM's x (the same rows, norm and activation) was just taken by, through

@@ -105,7 +105,10 @@ class Serving:
         # a batch's tokens, then (where it computes them) their logprobs rows
         self._staging = [dev.buffer(4 * self.max_rows * self.k_max * (1 + self.lp_width), READBACK, "batch readback")
                          for _ in range(in_flight + 1)]
-        self._first: dict = {}      # slot -> (readback of the token its prompt sampled, its submission, logprobs)
+        # a slot's readback of the token its prompt sampled (and its logprobs row), and the submission
+        # that wrote it with whether the row is there (first_token)
+        self._first = [dev.buffer(4 * (1 + self.lp_width), READBACK, f"first token {s}") for s in range(slots)]
+        self._first_at: dict = {}
         self._slot = 0
         for s in range(slots):
             self.set_sampling(s)
@@ -147,14 +150,15 @@ class Serving:
 
     def _sampler(self, paging, rows: int, logprobs: bool) -> list:
         """The sampler of `rows` rows (one dispatch); with `logprobs`, also writing each row's
-        log-probabilities (their buffer made on first use)."""
+        log-probabilities (their buffer made on first use), after a dispatch of the rows' log-sum-exp
+        partials."""
         if logprobs and self.lp is None:
             self.lp = self.dev.buffer(4 * self.slots * self.hist * self.lp_width, label="slot logprobs")
         return ops.sample(self.dev, self.logits, self.tokens, None, self.params, paging=paging, batch=rows,
                           logprobs=self.lp if logprobs else None, vocab=self.net.args.vocab_size)
 
     def _with_logprobs(self, plan: Plan, paging, rows: int) -> list:
-        """`plan`'s dispatches with its sampler (the last) also writing log-probabilities."""
+        """`plan`'s dispatches with its sampler (the last, one dispatch) also writing log-probabilities."""
         return plan.dispatches[:-1] + self._sampler(paging, rows, True)
 
     def decode_plan(self, rows: int, logprobs: bool = False) -> Plan:
@@ -217,7 +221,7 @@ class Serving:
             plan = (self._prefill_lp if logprobs else self.plan_prefill_sample) if last else self.plan_prefill
             index = plan.run(n, then=self._first_copy(slot, end, logprobs) if last else None)
             if last:
-                self._first[slot] = (self._first[slot][0], index, logprobs)
+                self._first_at[slot] = (index, logprobs)
             pos += n
             submits += 1
         if not sample:
@@ -227,10 +231,7 @@ class Serving:
     def _first_copy(self, slot: int, pos: int, logprobs: bool):
         """The copy, into slot's own readback buffer, of the token a prompt's last chunk samples at `pos`
         (and its logprobs row): first_token reads it without waiting for the decode batches queued after."""
-        w = self.lp_width
-        if slot not in self._first:
-            self._first[slot] = (self.dev.buffer(4 * (1 + w), READBACK, f"first token {slot}"), None, False)
-        buf, at = self._first[slot][0], slot * self.hist + pos
+        w, buf, at = self.lp_width, self._first[slot], slot * self.hist + pos
 
         def copy(enc):
             enc.copy_buffer_to_buffer(self.tokens, 4 * at, buf, 0, 4)
@@ -240,18 +241,18 @@ class Serving:
 
     @property
     def reads_by_submission(self) -> bool:
-        """Whether first_token and tokens_of wait only for the submission that wrote what they read
-        (wgpu-native's indexed polls), not for everything submitted after it too."""
-        return self.dev.indexed is not None
+        """Whether first_token and tokens_of wait only for the submission that wrote what they read, not
+        for the batches submitted after it too (Device.read_after)."""
+        return self.dev.reads_by_submission
 
     def first_token(self, slot: int, top: int | None = None) -> tuple[int, tuple | None]:
         """The token slot's last prefill sampled, and with `top` its logprobs (read_logprobs' row, the
         prefill having asked for them), once that prefill is done: decode batches submitted after it
         may still run."""
-        buf, index, logprobs = self._first[slot]
+        index, logprobs = self._first_at[slot]
         if top is not None and not logprobs:
             raise ValueError(f"slot {slot}'s prefill did not write logprobs")
-        raw = self.dev.read_after(buf, index, 4 * (1 + self.lp_width * (top is not None)))
+        raw = self.dev.read_after(self._first[slot], index, 4 * (1 + self.lp_width * (top is not None)))
         row = None if top is None else parse_logprobs(np.frombuffer(raw, np.float32, offset=4)[None], top)[0]
         return int(np.frombuffer(raw, np.uint32, count=1)[0]), row
 
