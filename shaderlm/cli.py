@@ -258,13 +258,16 @@ def cmd_perplexity(args):
 
 def cmd_tune(args):
     """Time every candidate shape of the model's tunable kernels (again, even if cached): the decode
-    GEMVs, and the int8 prompt GEMM's tiles for a full prompt pass; keep the fastest per adapter and
-    print what was chosen."""
+    GEMVs, the int8 prompt GEMM's tiles for a full prompt pass, and the GEMVs of a serving step of 4
+    sequences; keep the fastest per adapter and print what was chosen."""
     from .kernels.tuning import cache_path, shape_label
     args.ctx = args.ctx or 512                            # room for a full prompt pass (the tiles' key)
     model = _load(args, progress=False, tune=False)       # tuned below, every key
-    rows = model.net.tune(model.options.cache_dir, force=True, reps=args.reps,
-                          log=lambda m: print(m, file=sys.stderr))
+    kw = dict(cache_dir=model.options.cache_dir, force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))
+    rows = model.net.tune(**kw)
+    if model.net.batch >= 4:                              # a serving step of 4 sequences: the batch GEMVs' shapes
+        from .models.serving import Serving
+        rows += Serving(model.net, slots=4, seq_ctx=min(256, model.net.ctx)).tune(**kw)
     print("decode step (or prompt pass) time with each kernel's default shape, then with its best (in\n"
           "order, so the later rows include the earlier choices)")
     print(f"{'kernel':>44} | {'calls':>5} | {'default':>8} | {'step us':>8} | {'tuned':>8} | {'step us':>8} | gain")

@@ -1551,6 +1551,47 @@ def test_gemv_int8_x_has_an_f32_twin(dev, case):
     assert np.abs(got[1] - exact).max() > 10 * np.abs(got[0] - exact).max(), case
 
 
+@pytest.mark.parametrize("case", ["Q4_K 1024 glu norm", "Q4_K+Q6_K 512 norm"])
+def test_batch_gemv_shapes_keep_each_tokens_sums(dev, case):
+    """A batched decode GEMV (2 tokens a workgroup) in the shapes the tuner may pick for it
+    (gemv.batch_candidates of a single token's shape: other rows, chunk steps, row groups) gives each
+    token the bits it gets alone in that single-token shape, so a sequence's greedy tokens depend
+    neither on its batch nor on the batch's tuning. Single-token shapes with and without the butterfly,
+    with integer and f32 x."""
+    rng = np.random.default_rng(29)
+    types, K = case.split()[0].split("+"), int(case.split()[1])
+    glu_, norm_, rows, n = "glu" in case, "norm" in case, 512, 4      # rows for row groups of 2 rows
+    ws = []
+    for q in types:
+        raw, W = make_weight(q, 2 * rows if glu_ else rows, K, rng)
+        ws.append(upload(dev, q, raw, W.shape[0], K))
+        ws[-1].int8_x = True
+    out_rows = rows * len(ws)
+    xb = dev.upload((rng.standard_normal((n, K)) * 2 + 0.3).astype(np.float32))
+    kw = dict(norm=dev.upload(rng.uniform(0.5, 1.5, K).astype(np.float32)), eps=1e-5) if norm_ else {}
+
+    def out(shape, batch):
+        yb = dev.upload(poisoned((n, out_rows)))
+        if len(ws) == 2:
+            ds = gemv.gemv_pair(dev, *ws, xb, yb, y_stride=out_rows, shape=shape, batch=batch, nt_max=2, **kw)
+        else:
+            ds = gemv.gemv(dev, ws[0], xb, yb, y_stride=out_rows, glu=glu_, shape=shape, batch=batch, nt_max=2, **kw)
+        run(dev, ds, n)
+        return ds[0].tune.key, read_f32(dev, yb, (n, out_rows)).view(np.uint32)
+
+    default = gemv.default_shape(dev, ws[0], glu_)._replace(int_x=1)
+    for one in (default._replace(rows=2, bfly=1), default._replace(rows=2, bfly=0, int_x=0)):
+        key, alone = out(one, 0)
+        assert not is_poison(alone.view(np.float32)).any()
+        cands = gemv.batch_candidates(dev, ws, glu_, one, 2)
+        assert cands[0] == one and {c.groups for c in cands} > {1} and len({c.rows for c in cands}) >= 4
+        assert all(gemv.lane_arithmetic(dev, c, glu_) == gemv.lane_arithmetic(dev, one, glu_) for c in cands)
+        for s in [cands[0]] + [cands[i] for i in rng.permutation(len(cands) - 1)[:4] + 1]:
+            bkey, together = out(s, n)
+            assert bkey == key + " nt2" and gemv.batch_key(bkey) and not gemv.batch_key(key)
+            assert np.array_equal(together, alone), (case, one, s)
+
+
 # ---- submission and readback ---------------------------------------------------------------------
 @pytest.mark.parametrize("indexed", [True, False])
 def test_read_after_submission(indexed):

@@ -72,6 +72,33 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
             assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
 
 
+def test_tuned_batch_shapes_keep_single_stream_tokens(synth_gguf, tmp_path):
+    """Serving.tune times the batched GEMVs' shapes (their own keys, "... nt2") on a step of 4 rows, keeps
+    them in the adapter's cache and rebuilds the steps with them; single-token keys are left alone, and
+    sequences decoded in batches still give the tokens they give alone."""
+    from shaderlm.kernels.gemv import batch_key
+    from shaderlm.kernels.tuning import close_cache, open_cache
+    path = synth_gguf(seed=2, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    m = shaderlm.load(path, progress=False, ctx=256, options=Options.from_env().replace(
+        int8_act=True, exact_prefill=False, tune="0"))                 # the GPUs' defaults
+    prompts = [random_ids(m.config.vocab_size, n, seed) for seed, n in enumerate((5, 19, 40))]
+    want = [m.generate_tokens(p, N, stop_at_eos=False) for p in prompts]
+    sv = Serving(m.net, slots=4, seq_ctx=128, tokens_per_submit=4)
+    try:
+        report = sv.tune(cache_dir=str(tmp_path), reps=1)
+        keys = {d.tune.key for d in sv.decode_plan(4).dispatches if d.tune}
+        assert report and {r[0] for r in report} == {k for k in keys if batch_key(k)} != set()
+        cache = open_cache(m.net.dev, str(tmp_path), reload=True)
+        assert all(batch_key(k) for k in cache.shapes) and cache.path.exists()
+        for d in sv.decode_plan(3).dispatches:          # every step rebuilt in the tuned shapes
+            if d.tune and batch_key(d.tune.key):
+                assert d.tune.rebuild(cache.get(d.tune.key))[0].pipeline is d.pipeline
+        got = _generate_batched(sv, dict(enumerate(prompts)), N)
+        assert [got[s] for s in range(3)] == want
+    finally:
+        close_cache(m.net.dev)
+
+
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0")])
 @pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
 def test_paged_decode_after_long_prompts(synth_gguf, arch, preset, quant, splits):

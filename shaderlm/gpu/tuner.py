@@ -124,17 +124,18 @@ def _timer(dev, plans: dict, reps: int, min_s: float, reset, max_repeat: int, wa
 
 
 def tune_plan(dev, plan, cache: ShapeCache, *, reset, max_repeat: int = 64, force: bool = False, reps: int = 5,
-              min_s: float = 0.02, log=None, n: int = 1) -> list:
-    """Tune the shapes of `plan`'s tunable dispatches not yet in `cache` (all with `force`), save the
-    cache and rebuild those dispatches in the plan. `reset()` sets the step's start position
-    (written before each timed run of up to max_repeat steps); `n`: the tokens a run (a prompt pass's).
+              min_s: float = 0.02, log=None, n: int = 1, only: Callable[[str], bool] | None = None) -> list:
+    """Tune the shapes of `plan`'s tunable dispatches not yet in `cache` (all with `force`; with `only`,
+    those whose key it accepts), save the cache and rebuild those dispatches in the plan. `reset()` sets
+    the step's start position (written before each timed run of up to max_repeat steps); `n`: the tokens
+    a run (a prompt pass's).
 
     Each candidate is timed in place: the whole plan runs with that key's dispatches (every layer's)
     rebuilt in the candidate shape and the others as they are; timing a key's dispatches alone,
     chained, picked shapes that lost in whole decode steps. Returns rows (key, default shape, plan
     us, best shape, plan us, dispatches) for what was timed."""
     groups = _groups(plan)
-    todo = [k for k in groups if force or k not in cache]
+    todo = [k for k in groups if (only is None or only(k)) and (force or k not in cache)]
     if not todo:
         return []
     if log:

@@ -10,6 +10,7 @@ own); or as f32 (the tuner's twin of each integer shape, for adapters whose inte
 """
 from __future__ import annotations
 
+import re
 from typing import NamedTuple
 
 from ..gpu.plan import Dispatch
@@ -172,17 +173,62 @@ def refine(shape) -> list[GemvShape]:
     return [t for t, on in ((s._replace(int_x=0), s.int_x), (s._replace(bfly=0), s.bfly)) if on]
 
 
+def lane_arithmetic(dev, shape, glu: bool) -> tuple:
+    """What decides a token's sums in gemv.wgsl: the lanes (a lane's chunks are those i, i + WG, ..),
+    integer or f32 x, and how the row sums are reduced (the butterfly where it applies, else a
+    subgroupAdd a row). Rows, chunk steps, row groups and the prefetch only regroup the same operations."""
+    s = GemvShape.of(shape)
+    return s.wg, s.int_x, int(bool(s.bfly) and bfly_ok(dev, s.rows, glu))
+
+
+def batch_candidates(dev, ws, glu: bool, one: GemvShape, nt: int) -> list[GemvShape]:
+    """Shapes for a batch's GEMV (nt tokens a workgroup) with the lane arithmetic of `one`, the shape
+    a single token runs, so that a sequence's tokens do not depend on its batch: `one` first, then
+    its workgroup with 1-8 rows (1-4 with GLU), one or two chunk steps a trip (two where a row has the
+    chunks), and 2, 4 or 8 row groups (HOIST, with and without the prefetch) where they cover a row
+    and leave at least 128 workgroups."""
+    same = lane_arithmetic(dev, one, glu)
+    chunks = min(map(chunks_per_row, ws))
+    out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
+    out = [one]
+    for r in (1, 2, 3, 4) if glu else (1, 2, 3, 4, 6, 8):
+        for steps in (1, 2) if 2 * one.wg <= chunks else (1,):
+            out.append(one._replace(rows=r, steps=steps, groups=1, prefetch=0))
+        for steps in (1, 2):
+            for groups in (2, 4, 8):
+                if out_rows >= 128 * r * groups:
+                    out += [one._replace(rows=r, steps=steps, groups=groups, prefetch=pf) for pf in (1, 0)]
+    return [b for b in dict.fromkeys(out) if lane_arithmetic(dev, b, glu) == same and fits(dev, b, nt)
+            and (b.groups == 1 or hoist_ok(dev, ws, b))]
+
+
+def batch_key(key: str) -> bool:
+    """Whether a tuning key is a batch's GEMV shape (_tuning's "gemv... ntN")."""
+    return re.fullmatch(r"gemv.* nt\d+", key) is not None
+
+
 def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max: int = 1,
             copies: int = 1) -> tuple[Tunable, dict]:
     """The Tunable of a decode GEMV over `ws` (gemv's one weight, gemv_pair's two), and the shape's
     gemv.wgsl defines: `shape` if given, else the adapter's tuned one, else default_shape's (of the
     first weight) with integer x where int_x_ok: int8 where the weights are flagged, else x24.
-    `batch` tokens (0: one, or as many as the grid's z) share each weight load; the shape is the one
-    tuned for a single token, so that a token's arithmetic is the same in any batch."""
+    `batch` tokens (0: one, or as many as the grid's z) share each weight load. Where a workgroup takes
+    several of them, the shape is tuned of its own (key "... ntNT": batch_candidates), keeping the lane
+    arithmetic of the single token's, so that a token's arithmetic is the same in any batch."""
     base = default_shape(dev, ws[0], glu, copies)
     default = base._replace(int_x=int(int_x_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
     tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
-    s = GemvShape.of(shape or tuned_shape(dev, key) or default)
+    one = GemvShape.of(tuned_shape(dev, key) or default)
+    own = None
+    nt = batch_split(dev, one, batch, nt_max)[0] if batch else 1
+    if nt > 1:
+        key = f"{key} nt{nt}"
+        tune = Tunable(key, lambda: batch_candidates(dev, ws, glu, one, nt), rebuild)
+        own = tuned_shape(dev, key)
+        if own is not None and (lane_arithmetic(dev, own, glu) != lane_arithmetic(dev, one, glu)
+                                or not fits(dev, own, nt)):
+            own = None                    # tuned against another single-token shape
+    s = GemvShape.of(shape or own or one)
     if s.groups > 1 and not hoist_ok(dev, ws, s):
         raise ValueError(f"GEMV shape {tuple(s)} for {key}: row groups need the {s.wg} x {s.steps} lane steps to "
                          f"cover a row's {max(map(chunks_per_row, ws))} chunks, a lane per row ({s.groups} x "

@@ -281,5 +281,6 @@ def load(opened: OpenedModel, options: Options, *, ctx=None, batch=None, progres
                       exact_prefill=options.exact_prefill, q8_tile=options.q8_tile,
                       batch_tokens=options.batch_tokens, gemm_rows=options.gemm_rows)
     if tune:
-        net.tune(options.cache_dir, log=log or (lambda m: print(f"shaderlm: {m}", file=sys.stderr)))
+        net.tuning = dict(cache_dir=options.cache_dir, log=log or (lambda m: print(f"shaderlm: {m}", file=sys.stderr)))
+        net.tune(**net.tuning)
     return net

@@ -28,8 +28,11 @@ import numpy as np
 from ..errors import ShaderLMError
 from ..gpu.device import READBACK, STORAGE, pack_params
 from ..gpu.plan import Plan
+from ..gpu.tuner import tune_plan
 from ..kernels import gemm, ops
+from ..kernels.gemv import batch_key
 from ..kernels.grid import cdiv
+from ..kernels.tuning import open_cache
 from .transformer import PREFILL_TT, Build, Transformer
 
 NONE = 0xFFFFFFFF                # a padding row of a batch
@@ -115,8 +118,36 @@ class Serving:
         self._build_prefill()
         # every batch size's step now: built on first use, a plan's pipelines compiled mid-serving
         # stalled every running stream (the logprobs pass after it stays lazy: one pipeline)
+        self._build_decode()
+        if net.tuning is not None:
+            self.tune(**net.tuning)
+
+    def _build_decode(self):
+        self._decode.clear()
         for rows in BUCKETS[:BUCKETS.index(self.max_rows) + 1]:
             self.decode_plan(rows)
+
+    def tune(self, cache_dir=None, force=False, reps=5, log=None, rows: int = 4) -> list:
+        """Tune the shapes of the batched decode GEMVs (those taking several tokens a workgroup:
+        kernels/gemv.batch_candidates) on a step of `rows` rows, or of the most rows below that the
+        GEMVs run, timed from position 64 (or mid-context) of slots 0.., with pages of their own: at
+        start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
+        on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
+        if not on_gemvs or on_gemvs[-1] * self.max_pages > self.n_pages:
+            return []
+        rows, pos0 = on_gemvs[-1], min(self.seq_ctx // 2, 64)
+        for s in range(rows):
+            self.set_own_pages(s)
+
+        def reset():
+            self.dev.write(self.rows, np.arange(rows, dtype=np.uint32))
+            self.dev.write(self.seq_pos, np.full(rows, pos0, np.uint32))
+        report = tune_plan(self.dev, self.decode_plan(rows), open_cache(self.dev, cache_dir), force=force, reps=reps,
+                           log=log, reset=reset, max_repeat=max(1, min(64, self.seq_ctx - 1 - pos0)), n=rows,
+                           only=batch_key)
+        if report:
+            self._build_decode()
+        return report
 
     # ---- plans -------------------------------------------------------------------------------
     def _paging(self, batched: bool) -> ops.Paging:

@@ -84,6 +84,7 @@ class Transformer:
         # digits are few registers, and loses with 24-bit x (docs/performance.md)
         self.batch_tokens = batch_tokens or (2 if self.int8_act else 1)
         self.gemm_rows = gemm_rows          # serving steps taking the int8 GEMMs (models/serving.py)
+        self.tuning = None                  # tune()'s arguments where loading tuned (Serving tunes its batches with them)
         self.weight_bytes = 0
         self._sampling = None
         self._staging: list = []
