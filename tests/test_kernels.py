@@ -394,10 +394,35 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
 
 def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
-    groups = gemm.FEW_THREADS // gemm.FEW_LANES * gemm.few_rows(3)
+    r, ts = gemm.few_rows(3)
+    groups = gemm.FEW_THREADS // (gemm.FEW_LANES * ts) * r
     rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
     labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)
+
+
+@pytest.mark.parametrize("qtype,n", [("Q4_K", 16), ("Q6_K", 7)])
+def test_matmul_few_thread_shapes_keep_a_tokens_bits(dev, monkeypatch, qtype, n):
+    """matmul_few's rows a thread and thread groups sharing the tokens (gemm.FEW_ROWS) regroup the same
+    operations: every token gets the same bits in each (a token count that the groups do not divide
+    leaves a group's last tokens computed and not written)."""
+    rng = np.random.default_rng(11)
+    rows, K = 70, 1024
+    raw, _ = make_weight(qtype, rows, K, rng)
+    w = upload(dev, qtype, raw, rows, K)
+    xb = dev.upload(rng.standard_normal((n, K)).astype(np.float32))
+    out = {}
+    for r, ts in ((2, 1), (4, 2), (1, 4), (2, 4), (8, 1)):
+        monkeypatch.setattr(gemm, "FEW_ROWS", ((gemm.FEW_TOKENS, r, ts),))
+        yb = dev.upload(poisoned((n, rows)))
+        ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, decode_batch=True)
+        assert [d.label for d in ds][-1].startswith("matmul_few")
+        run(dev, ds, n)
+        out[r, ts] = read_f32(dev, yb, (n, rows)).view(np.uint32)
+    first = out.pop((2, 1))
+    assert not is_poison(first.view(np.float32)).any()
+    for shape, got in out.items():
+        assert np.array_equal(got, first), shape
 
 
 @pytest.mark.parametrize("qtype,small,large", [("Q4_K", 3, 16), ("Q6_K", 8, 12), ("Q4_0", 17, 40)])

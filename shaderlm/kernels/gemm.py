@@ -190,12 +190,15 @@ def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -
 FEW_TOKENS = 16                     # decode batches of this many rows or fewer run matmul_few
 FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
 FEW_THREADS = 64                    # threads a workgroup
-FEW_ROWS = ((8, 4), (16, 2))        # (most tokens, rows a thread): up to 8 tokens leave registers for 4 rows
+# (most tokens, rows a thread, thread groups sharing the tokens): up to 8 tokens leave registers for 4 rows;
+# beyond, two groups of 8 tokens on 4 rows (each decodes the rows' runs) beat one thread's 16 on 2 rows
+FEW_ROWS = ((8, 4, 1), (16, 4, 2))
 
 
-def few_rows(tokens: int) -> int:
-    """Rows a matmul_few thread computes for a batch of `tokens` rows (a token's sums do not depend on it)."""
-    return next(r for most, r in FEW_ROWS if tokens <= most)
+def few_rows(tokens: int) -> tuple[int, int]:
+    """(rows a matmul_few thread computes, thread groups sharing the tokens) for a batch of `tokens` rows
+    (a token's sums depend on neither)."""
+    return next((r, ts) for most, r, ts in FEW_ROWS if tokens <= most)
 
 
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -205,10 +208,11 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=w.qtype.iq8_run, **fused)
-    r = few_rows(max_tokens)
-    bm = FEW_THREADS // FEW_LANES * r
+    r, ts = few_rows(max_tokens)
+    nt = cdiv(max_tokens, ts)
+    bm = FEW_THREADS // (FEW_LANES * ts) * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
-                    NB=max_tokens, R=r, L=FEW_LANES, WG=FEW_THREADS, PART=bm * max_tokens * FEW_LANES)
+                    NB=max_tokens, R=r, L=FEW_LANES, TS=ts, NT=nt, WG=FEW_THREADS, PART=bm * ts * nt * FEW_LANES)
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])

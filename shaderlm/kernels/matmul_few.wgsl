@@ -3,8 +3,9 @@
 // d * q + m, the type's iq8). Unlike matmul_q8 nothing is staged in workgroup memory: a thread decodes a
 // run of 32 of each of its R rows into registers once and dots it with every token's run (x is small and
 // stays in the caches). L threads share R rows, taking runs lane, lane + L, ... of K; their partial sums
-// are added in lane order through workgroup memory at the end. A token's arithmetic depends on K and L
-// alone, not on NB, R or the other tokens. The folds are matmul_q8's, per run of 32 (RUN32) or each half:
+// are added in lane order through workgroup memory at the end. TS such groups share the same rows, each
+// taking NT of the tokens (fewer registers a thread; each decodes the rows' runs, from L1 after the
+// first). A token's arithmetic depends on K and L alone, not on NB, R, TS or the other tokens. The folds are matmul_q8's, per run of 32 (RUN32) or each half:
 //   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
 #include quant_common
 #include {{QUANT}}
@@ -16,10 +17,12 @@
 const NB: u32 = {{NB}}u;          // tokens, at most
 const R: u32 = {{R}}u;            // rows a thread
 const L: u32 = {{L}}u;            // threads sharing rows (across K)
+const TS: u32 = {{TS}}u;          // groups of L threads sharing rows (across tokens)
+const NT: u32 = {{NT}}u;          // tokens a thread: TS x NT >= NB
 const WG: u32 = {{WG}}u;          // threads a workgroup
-const BM: u32 = WG / L * R;       // rows a workgroup
+const BM: u32 = WG / (L * TS) * R;     // rows a workgroup
 
-// [row of the workgroup][token][lane]
+// [row of the workgroup][token (TS x NT)][lane]
 var<workgroup> part: array<f32, {{PART}}>;
 
 // see matmul_q8.wgsl: integer sums start at the bits of RND, a subtract makes them floats
@@ -32,12 +35,13 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
     let m = st.n - first;
     let lane = li % L;
+    let t0 = (li / L) % TS * NT;                        // this thread's first token
     let r_base = (wid.x + wid.y * nwg.x) * BM;          // grid_1d: y past the per-dimension limit
-    let r0 = r_base + (li / L) * R;
+    let r0 = r_base + li / (L * TS) * R;
     let nb = p.k / 32u;
     let bpr = p.k / QK;
 #unroll R r
-#unroll NB t
+#unroll NT t
     var a$r_$t = 0.0;
 #end
 #end
@@ -45,8 +49,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #unroll R r
     let w$r = min(r0 + $ru, p.rows - 1u) * bpr;
 #end
-#unroll NB t
-    let x$t = min($tu, m - 1u) * nb;
+#unroll NT t
+    let x$t = min(t0 + $tu, m - 1u) * nb;
 #end
     for (var run = lane; run < nb; run += L) {
         let blk = (run * 32u) / QK;
@@ -57,7 +61,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let g$r_$k = iq8(w$r + blk, j0 + $ku);
 #end
 #end
-#unroll NB t
+#unroll NT t
         {
             let xb = x$t + run;
             let x0 = xq[2u * xb];
@@ -96,20 +100,20 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
         }
 #end
     }
-    let row_l = (li / L) * R;
+    let row_l = li / (L * TS) * R;
 #unroll R r
-#unroll NB t
-    part[((row_l + $ru) * NB + $tu) * L + lane] = a$r_$t;
+#unroll NT t
+    part[((row_l + $ru) * TS * NT + t0 + $tu) * L + lane] = a$r_$t;
 #end
 #end
     workgroupBarrier();
-    for (var o = li; o < BM * NB; o += WG) {
+    for (var o = li; o < BM * TS * NT; o += WG) {
         var s = 0.0;
         for (var l = 0u; l < L; l++) {
             s += part[o * L + l];
         }
-        let row = r_base + o / NB;
-        let t = o % NB;
+        let row = r_base + o / (TS * NT);
+        let t = o % (TS * NT);
         if (row < p.rows && t < m) {
             let yr = p.row0 + row;
             write_y(t * p.y_stride + yr, yr, s);
