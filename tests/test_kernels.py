@@ -248,7 +248,7 @@ def test_matmul_int8_tile_invariant(dev, qtype):
         assert np.array_equal(got, outs[first]), f"{qtype}: tile {tile} differs from {first}"
 
 
-@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 20, None), ("Q6_K", 77, 1024, 19, 2),
+@pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 40, None), ("Q6_K", 77, 1024, 35, 2),
                                                    ("Q8_0", 130, 1536, 64, None)])
 def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
     """A decode batch of more than gemm.FEW_TOKENS rows: the GEMM with K in slices and their partial sums
@@ -395,37 +395,38 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
 def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
     r, ts = gemm.few_rows(3)
-    groups = gemm.FEW_THREADS // (gemm.FEW_LANES * ts) * r
+    groups = max(1, gemm.FEW_THREADS // (gemm.FEW_LANES * ts)) * r
     rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
     labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)
 
 
-@pytest.mark.parametrize("qtype,n", [("Q4_K", 16), ("Q6_K", 7)])
+@pytest.mark.parametrize("qtype,n", [("Q4_K", 16), ("Q6_K", 7), ("Q4_0", 29)])
 def test_matmul_few_thread_shapes_keep_a_tokens_bits(dev, monkeypatch, qtype, n):
-    """matmul_few's rows a thread and thread groups sharing the tokens (gemm.FEW_ROWS) regroup the same
-    operations: every token gets the same bits in each (a token count that the groups do not divide
-    leaves a group's last tokens computed and not written)."""
+    """matmul_few's rows and tokens a thread (gemm.FEW_ROWS_A_THREAD, FEW_TOKENS_A_THREAD: thread groups
+    share the tokens) regroup the same operations: every token gets the same bits in each (a token count
+    that the groups do not divide leaves a group's last tokens computed and not written)."""
     rng = np.random.default_rng(11)
     rows, K = 70, 1024
     raw, _ = make_weight(qtype, rows, K, rng)
     w = upload(dev, qtype, raw, rows, K)
     xb = dev.upload(rng.standard_normal((n, K)).astype(np.float32))
     out = {}
-    for r, ts in ((2, 1), (4, 2), (1, 4), (2, 4), (8, 1)):
-        monkeypatch.setattr(gemm, "FEW_ROWS", ((gemm.FEW_TOKENS, r, ts),))
+    for r, nt in ((2, 16), (4, 8), (1, 4), (2, 2), (8, 16)):
+        monkeypatch.setattr(gemm, "FEW_ROWS_A_THREAD", r)
+        monkeypatch.setattr(gemm, "FEW_TOKENS_A_THREAD", nt)
         yb = dev.upload(poisoned((n, rows)))
         ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, decode_batch=True)
         assert [d.label for d in ds][-1].startswith("matmul_few")
         run(dev, ds, n)
-        out[r, ts] = read_f32(dev, yb, (n, rows)).view(np.uint32)
-    first = out.pop((2, 1))
+        out[r, nt] = read_f32(dev, yb, (n, rows)).view(np.uint32)
+    first = out.pop((2, 16))
     assert not is_poison(first.view(np.float32)).any()
     for shape, got in out.items():
         assert np.array_equal(got, first), shape
 
 
-@pytest.mark.parametrize("qtype,small,large", [("Q4_K", 3, 16), ("Q6_K", 8, 12), ("Q4_0", 17, 40)])
+@pytest.mark.parametrize("qtype,small,large", [("Q4_K", 3, 16), ("Q6_K", 8, 12), ("Q4_0", 9, 32), ("Q4_0", 33, 40)])
 def test_batch_gemms_do_not_depend_on_the_batch(dev, qtype, small, large):
     """A decode batch's int8 GEMM (matmul_few up to gemm.FEW_TOKENS rows, the split GEMM beyond) gives a
     token the same bits whatever the batch's size and its other rows, as long as both are on one kernel."""
@@ -456,7 +457,7 @@ def test_int8_gemms_share_x_rounding(dev, path, monkeypatch):
             pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
     else:
         monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
-    n = {"prompt": 150, "few": 8, "split": 24, "tensor cores": 130}[path]
+    n = {"prompt": 150, "few": 8, "split": gemm.FEW_TOKENS + 8, "tensor cores": 130}[path]
     decode_batch = path in ("few", "split")
     rng = np.random.default_rng(3)
     rows, k = 70, 2048 if path == "split" else 512          # K long enough to be split (gemm.k_slices)

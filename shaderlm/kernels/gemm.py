@@ -187,18 +187,19 @@ def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -
     return s
 
 
-FEW_TOKENS = 16                     # decode batches of this many rows or fewer run matmul_few
+FEW_TOKENS = 32                     # decode batches of this many rows or fewer run matmul_few
 FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
-FEW_THREADS = 64                    # threads a workgroup
-# (most tokens, rows a thread, thread groups sharing the tokens): up to 8 tokens leave registers for 4 rows;
-# beyond, two groups of 8 tokens on 4 rows (each decodes the rows' runs) beat one thread's 16 on 2 rows
-FEW_ROWS = ((8, 4, 1), (16, 4, 2))
+FEW_THREADS = 64                    # threads a workgroup, at least
+# a matmul_few thread's rows and tokens (their sums and x in registers); more tokens take more thread groups,
+# each decoding the rows' runs again (from L1): two groups of 8 tokens on 4 rows beat one thread's 16 on 2
+FEW_ROWS_A_THREAD = 4
+FEW_TOKENS_A_THREAD = 8
 
 
 def few_rows(tokens: int) -> tuple[int, int]:
     """(rows a matmul_few thread computes, thread groups sharing the tokens) for a batch of `tokens` rows
     (a token's sums depend on neither)."""
-    return next((r, ts) for most, r, ts in FEW_ROWS if tokens <= most)
+    return FEW_ROWS_A_THREAD, cdiv(tokens, FEW_TOKENS_A_THREAD)
 
 
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -210,9 +211,11 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
                              run=w.qtype.iq8_run, **fused)
     r, ts = few_rows(max_tokens)
     nt = cdiv(max_tokens, ts)
-    bm = FEW_THREADS // (FEW_LANES * ts) * r
+    groups = max(1, FEW_THREADS // (FEW_LANES * ts))      # of a workgroup's rows
+    bm = groups * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
-                    NB=max_tokens, R=r, L=FEW_LANES, TS=ts, NT=nt, WG=FEW_THREADS, PART=bm * ts * nt * FEW_LANES)
+                    NB=max_tokens, R=r, L=FEW_LANES, TS=ts, NT=nt, WG=groups * ts * FEW_LANES,
+                    PART=bm * ts * nt * FEW_LANES)
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])

@@ -20,7 +20,7 @@ const L: u32 = {{L}}u;            // threads sharing rows (across K)
 const TS: u32 = {{TS}}u;          // groups of L threads sharing rows (across tokens)
 const NT: u32 = {{NT}}u;          // tokens a thread: TS x NT >= NB
 const WG: u32 = {{WG}}u;          // threads a workgroup
-const BM: u32 = WG / (L * TS) * R;     // rows a workgroup
+const BM: u32 = WG / (L * TS) * R;     // rows a workgroup (WG a multiple of L x TS)
 
 // [row of the workgroup][token (TS x NT)][lane]
 var<workgroup> part: array<f32, {{PART}}>;
