@@ -72,6 +72,35 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
             assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
 
 
+@pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
+@pytest.mark.parametrize("int8", [False, True], ids=["x24", "int8"])
+def test_serving_step_logits_are_the_single_streams(synth_gguf, fuse, int8):
+    """A sequence decoded by the serving engine (paged cache, batch plan) gets the single-stream decode
+    step's logits bit for bit, after an f32 or int8 prompt, unfused (CPU adapters: the LM head a GEMV a
+    row in both) and fused, with 24-bit and int8 activations (int8 rounding would amplify any other
+    rounding into a near-tie flip)."""
+    path = synth_gguf(seed=2, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=fuse, options=Options.from_env().replace(
+        int8_act=int8, exact_prefill=not int8, tune="0"))
+    net, V = m.net, m.config.vocab_size
+    p = random_ids(V, 19, 1)
+    sv = Serving(net, slots=2, seq_ctx=128, tokens_per_submit=1)
+    sv.set_own_pages(1)
+    sv.prefill(1, p, 0, True)
+    net.set_sampling(0.0)
+    net.prefill(p, 0, sample=True)
+    assert net.read_tokens(len(p), 1) == sv.read_tokens(1, len(p), 1)
+    for i in range(6):
+        b = net.record_decode(len(p) + i, 1)
+        net.submit_decode(b)
+        want_tok = net.decoded_tokens(b)
+        want = net.dev.read(net.logit_buf, np.float32, 0, 4 * V)
+        bb = sv.record([1], [len(p) + i], 1)
+        sv.submit(bb)
+        assert sv.tokens_of(bb)[0].tolist() == want_tok
+        assert np.array_equal(sv.last_logits(1)[0], want), f"step {i}"
+
+
 def test_tuned_batch_shapes_keep_single_stream_tokens(synth_gguf, tmp_path):
     """Serving.tune times the batched GEMVs' shapes (their own keys, "... nt2") on a step of 4 rows, keeps
     them in the adapter's cache and rebuilds the steps with them; single-token keys are left alone, and
