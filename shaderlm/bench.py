@@ -231,8 +231,9 @@ def profile(args):
         raise ShaderLMError(f"profile: -B takes batches of 1 sequence or more, not {args.batch_sizes}")
     ctx = max(args.context + args.prefill + 8, 64)
     rows = [bucket(b) for b in args.batch_sizes or []]          # activation rows a serving step needs
-    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, *rows, 1), progress=False,
-                          int8_act=args.int8_act, exact_prefill=args.exact_prefill)
+    # prompt passes of the usual size, whose GEMM tiles `bench` and `run` have tuned (not a few rows')
+    model = shaderlm.load(args.model, device=args.device, ctx=ctx, batch=max(args.prefill, *rows, PREFILL_CHUNK),
+                          progress=False, int8_act=args.int8_act, exact_prefill=args.exact_prefill)
     net = model.net
     ids = np.random.default_rng(0).integers(0, net.vocab_size, max(args.context, 1)).tolist()
     net.prefill(ids, 0, sample=True)
