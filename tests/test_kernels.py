@@ -395,7 +395,7 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
 def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
     r, ts = gemm.few_rows(3)
-    groups = max(1, gemm.FEW_THREADS // (gemm.FEW_LANES * ts)) * r
+    groups = -(-gemm.FEW_THREADS // (gemm.FEW_LANES * ts)) * r
     rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
     labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)

@@ -189,7 +189,7 @@ def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -
 
 FEW_TOKENS = 32                     # decode batches of this many rows or fewer run matmul_few
 FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
-FEW_THREADS = 64                    # threads a workgroup, at least
+FEW_THREADS = 64                    # threads a workgroup, at least (whole row groups: FEW_LANES x the token groups)
 # a matmul_few thread's rows and tokens (their sums and x in registers); more tokens take more thread groups,
 # each decoding the rows' runs again (from L1): two groups of 8 tokens on 4 rows beat one thread's 16 on 2
 FEW_ROWS_A_THREAD = 4
@@ -211,7 +211,7 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
                              run=w.qtype.iq8_run, **fused)
     r, ts = few_rows(max_tokens)
     nt = cdiv(max_tokens, ts)
-    groups = max(1, FEW_THREADS // (FEW_LANES * ts))      # of a workgroup's rows
+    groups = cdiv(FEW_THREADS, FEW_LANES * ts)           # of a workgroup's rows: whole subgroups
     bm = groups * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
                     NB=max_tokens, R=r, L=FEW_LANES, TS=ts, NT=nt, WG=groups * ts * FEW_LANES,
