@@ -124,6 +124,14 @@ def test_tuned_batch_shapes_keep_single_stream_tokens(synth_gguf, tmp_path):
                 assert d.tune.rebuild(cache.get(d.tune.key))[0].pipeline is d.pipeline
         got = _generate_batched(sv, dict(enumerate(prompts)), N)
         assert [got[s] for s in range(3)] == want
+        # a cached batch shape whose lanes are not the single token's (tuned against another one) is ignored
+        key = report[0][0]
+        bad = list(cache.get(key))
+        bad[0] *= 2                                     # another workgroup: other lanes
+        cache.shapes[key] = tuple(bad)
+        sv._build_decode()
+        d = next(d for d in sv.decode_plan(4).dispatches if d.tune and d.tune.key == key)
+        assert d.pipeline is d.tune.rebuild(d.tune.candidates()[0])[0].pipeline
     finally:
         close_cache(m.net.dev)
 

@@ -187,7 +187,6 @@ def batch_candidates(dev, ws, glu: bool, one: GemvShape, nt: int) -> list[GemvSh
     its workgroup with 1-8 rows (1-4 with GLU), one or two chunk steps a trip (two where a row has the
     chunks), and 2, 4 or 8 row groups (HOIST, with and without the prefetch) where they cover a row
     and leave at least 128 workgroups."""
-    same = lane_arithmetic(dev, one, glu)
     chunks = min(map(chunks_per_row, ws))
     out_rows = sum(w.rows // 2 if glu else w.rows for w in ws)
     out = [one]
@@ -198,8 +197,14 @@ def batch_candidates(dev, ws, glu: bool, one: GemvShape, nt: int) -> list[GemvSh
             for groups in (2, 4, 8):
                 if out_rows >= 128 * r * groups:
                     out += [one._replace(rows=r, steps=steps, groups=groups, prefetch=pf) for pf in (1, 0)]
-    return [b for b in dict.fromkeys(out) if lane_arithmetic(dev, b, glu) == same and fits(dev, b, nt)
-            and (b.groups == 1 or hoist_ok(dev, ws, b))]
+    return [b for b in dict.fromkeys(out) if batch_shape_ok(dev, ws, glu, b, one, nt)]
+
+
+def batch_shape_ok(dev, ws, glu: bool, shape, one: GemvShape, nt: int) -> bool:
+    """A batch's GEMV can run `shape` with nt tokens a workgroup, and a token's sums are those `one` gives it."""
+    s = GemvShape.of(shape)
+    return (lane_arithmetic(dev, s, glu) == lane_arithmetic(dev, one, glu) and fits(dev, s, nt)
+            and (s.groups == 1 or hoist_ok(dev, ws, s)))
 
 
 def batch_key(key: str) -> bool:
@@ -225,8 +230,7 @@ def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max
         key = f"{key} nt{nt}"
         tune = Tunable(key, lambda: batch_candidates(dev, ws, glu, one, nt), rebuild)
         own = tuned_shape(dev, key)
-        if own is not None and (lane_arithmetic(dev, own, glu) != lane_arithmetic(dev, one, glu)
-                                or not fits(dev, own, nt)):
+        if own is not None and not batch_shape_ok(dev, ws, glu, own, one, nt):
             own = None                    # tuned against another single-token shape
     s = GemvShape.of(shape or own or one)
     if s.groups > 1 and not hoist_ok(dev, ws, s):
