@@ -4,12 +4,13 @@ drives).
 Every layer's K and V live in one pool of pages of `page` positions; each sequence slot has a table
 of its pages, so short and long sequences share the memory, and sequences with a common prefix can
 share its pages. A decode step advances every row of a batch, each row a token of its own sequence at
-its own position: the GEMVs read each weight once for the batch (kernels/gemv.py), attention reads
-each row's own pages, and the sampler draws each row's token with its sequence's own settings and
-seed, writing it where that sequence's next step reads it. Below `gemm_rows` rows every token's
-arithmetic is the same as when its sequence runs alone, so greedy tokens do not depend on the batch.
-From `gemm_rows` rows on, the matmuls take int8 x over the batch's rows (kernels/gemm.py): matmul_few
-up to FEW_TOKENS rows (each weight run decoded once for every row; only where every matrix is quantized,
+its own position: the GEMVs read each weight once for the batch (kernels/gemv.py; their shapes tuned
+for batches by `tune`), attention reads each row's own pages, and the sampler draws each row's token
+with its sequence's own settings and seed, writing it where that sequence's next step reads it. Below
+`gemm_rows` rows every token's arithmetic is the same as when its sequence runs alone, so greedy tokens
+do not depend on the batch. From `gemm_rows` rows on, the matmuls take int8 x over the batch's rows
+(kernels/gemm.py): matmul_few up to FEW_TOKENS rows (each weight run decoded once for every 8 rows; only
+where every matrix is quantized,
 else such steps keep the GEMVs), the prompt GEMM beyond (K split in slices fixed by the matrix), and on
 a device with int8 subgroup matrices the tensor-core GEMM from gemm.TC_BATCH_ROWS rows (x and W on
 16-bit grids). Within each of these a token's arithmetic is the same in every batch, but not the decode
