@@ -350,7 +350,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_parsers(sub, add_precision)
 
     p = sub.add_parser("tune", help="tune this model's kernel shapes for the adapter: decode GEMVs, prompt GEMM "
-                                    "tiles (cached on disk)")
+                                    "tiles, a serving step's batch GEMVs (cached on disk)")
     _model_args(p, gen=False)
     p.add_argument("--reps", type=_int_at_least(1), default=7, help="timed runs per candidate (median kept)")
     p.set_defaults(fn=cmd_tune)

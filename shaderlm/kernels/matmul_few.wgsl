@@ -1,11 +1,12 @@
-// The int8 GEMM for a few tokens (a decode batch's NB rows): y[t, row] (+)= sum_k W[row, k] * x[t, k],
+// The int8 GEMM for a few tokens (a decode batch's rows): y[t, row] (+)= sum_k W[row, k] * x[t, k],
 // x in int8 runs (quantize_q8.wgsl: words xq, scales xd, sums xs), the weights as their bytes q (value
 // d * q + m, the type's iq8). Unlike matmul_q8 nothing is staged in workgroup memory: a thread decodes a
 // run of 32 of each of its R rows into registers once and dots it with every token's run (x is small and
 // stays in the caches). L threads share R rows, taking runs lane, lane + L, ... of K; their partial sums
 // are added in lane order through workgroup memory at the end. TS such groups share the same rows, each
 // taking NT of the tokens (fewer registers a thread; each decodes the rows' runs, from L1 after the
-// first). A token's arithmetic depends on K and L alone, not on NB, R, TS or the other tokens. The folds are matmul_q8's, per run of 32 (RUN32) or each half:
+// first). A token's arithmetic depends on K and L alone, not on the batch, R, TS or the other tokens.
+// The folds are matmul_q8's, per run of 32 (RUN32) or each half:
 //   acc = fma(m_w, d_x * sum q_x, acc); acc = fma(f32(isum), d_w * d_x, acc)
 #include quant_common
 #include {{QUANT}}
@@ -14,11 +15,10 @@
 
 #include q8_bindings
 
-const NB: u32 = {{NB}}u;          // tokens, at most
 const R: u32 = {{R}}u;            // rows a thread
 const L: u32 = {{L}}u;            // threads sharing rows (across K)
 const TS: u32 = {{TS}}u;          // groups of L threads sharing rows (across tokens)
-const NT: u32 = {{NT}}u;          // tokens a thread: TS x NT >= NB
+const NT: u32 = {{NT}}u;          // tokens a thread: TS x NT at least the batch's
 const WG: u32 = {{WG}}u;          // threads a workgroup
 const BM: u32 = WG / (L * TS) * R;     // rows a workgroup (WG a multiple of L x TS)
 

@@ -10,12 +10,11 @@ with its sequence's own settings and seed, writing it where that sequence's next
 `gemm_rows` rows every token's arithmetic is the same as when its sequence runs alone, so greedy tokens
 do not depend on the batch. From `gemm_rows` rows on, the matmuls take int8 x over the batch's rows
 (kernels/gemm.py): matmul_few up to FEW_TOKENS rows (each weight run decoded once for every 8 rows; only
-where every matrix is quantized,
-else such steps keep the GEMVs), the prompt GEMM beyond (K split in slices fixed by the matrix), and on
-a device with int8 subgroup matrices the tensor-core GEMM from gemm.TC_BATCH_ROWS rows (x and W on
-16-bit grids). Within each of these a token's arithmetic is the same in every batch, but not the decode
-GEMVs' nor the others' (other rounding of x, other order of sums), so a near-tie may flip when a
-sequence's batch crosses one of those sizes.
+where every matrix is quantized, else such steps keep the GEMVs), the prompt GEMM beyond (K split in
+slices fixed by the matrix), and on a device with int8 subgroup matrices the tensor-core GEMM from
+gemm.TC_BATCH_ROWS rows (x and W on 16-bit grids). Within each of these a token's arithmetic is the
+same in every batch, but not the decode GEMVs' nor the others' (other rounding of x, other order of
+sums), so a near-tie may flip when a sequence's batch crosses one of those sizes.
 
 Positions a slot may hold are `seq_ctx`; the host (the scheduler) allocates pages and writes the
 tables, and keeps each slot's position: a slot's position on the GPU moves one token a step.
