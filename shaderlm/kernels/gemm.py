@@ -187,7 +187,8 @@ def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -
     return s
 
 
-FEW_TOKENS = 32                     # decode batches of this many rows or fewer run matmul_few
+FEW_TOKENS = 48                     # decode batches of this many rows or fewer run matmul_few; larger ones the
+                                    # split GEMM (from 64 rows as fast or faster)
 FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
 FEW_THREADS = 64                    # threads a workgroup, at least (whole row groups: FEW_LANES x the token groups)
 # a matmul_few thread's rows and tokens (their sums and x in registers); more tokens take more thread groups,
@@ -228,9 +229,10 @@ TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup
 TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32
 TC_K_STEP = 64                      # elements of K it stages at once (a last half step is zeros)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
-# A decode batch of this many rows or more takes matmul_tc, in tiles of 64 tokens up to 64 (a pass over
-# the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
+# A decode batch of this many rows or more takes matmul_tc, up to TC_BATCH_TILE's tokens in its tiles (a
+# pass over the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
 TC_BATCH_ROWS = 64
+TC_BATCH_TILE = (64, 64, 256)       # rows, tokens, threads (8 subgroups of 32 x 16)
 TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
 TC_SPLIT_BELOW = 128                # a matrix whose tiles make fewer workgroups (a wave or less on a large GPU)
 TC_SPLIT_TARGET = 256               # has K split in slices until they make this many
@@ -238,10 +240,11 @@ TC_MIN_SLICE = 512                  # elements of K a slice at least
 TC_PARTIALS = 2 * TC_SPLIT_TARGET * TC_TILE[0] * TC_TILE[1]    # partial sums a split GEMM holds at most
 
 
-def tc_slices(rows: int, cols: int, tokens: int) -> int:
-    """How many slices of K matmul_tc splits a matrix into for `tokens` tokens (their sums added in order
-    by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW workgroups."""
-    tiles = cdiv(rows, TC_TILE[0]) * cdiv(tokens, TC_TILE[1])
+def tc_slices(rows: int, cols: int, tokens: int, tile: tuple = TC_TILE) -> int:
+    """How many slices of K matmul_tc splits a matrix into for `tokens` tokens in tiles of `tile` rows x
+    tokens (their sums added in order by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW
+    workgroups."""
+    tiles = cdiv(rows, tile[0]) * cdiv(tokens, tile[1])
     return 1 if tiles >= TC_SPLIT_BELOW else _halvings(tiles, cols, TC_SPLIT_TARGET, TC_K_STEP, TC_MIN_SLICE)
 
 
@@ -268,10 +271,11 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    bn = 64 if decode_batch and max_tokens <= 64 else TC_TILE[1]        # tokens a workgroup
-    bm, wg, rw = TC_TILE[0], TC_THREADS, _tc_row_bytes() // 4
+    batch_tile = decode_batch and max_tokens <= TC_BATCH_TILE[1]
+    bm, bn, wg = TC_BATCH_TILE if batch_tile else (*TC_TILE, TC_THREADS)
+    rw = _tc_row_bytes() // 4
     for c in w.chunks:
-        slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens)
+        slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens, (bm, bn))
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
                         BM=bm, BN=bn, NJ=bm * bn // (16 * wg), EW=TC_K_STEP // 8 * bm // wg,
@@ -281,7 +285,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
                              max_tokens * w.cols // 4, max_tokens)
         part = y if slices == 1 else dev.scratch("tc.partials", 4 * TC_PARTIALS)
         res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, part] + ([bias] if bias is not None and slices == 1 else [])
-        gx = cdiv(c.rows, TC_TILE[0])
+        gx = cdiv(c.rows, bm)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, z=slices, bn=bn: (gx, cdiv(n, bn), z),
                             label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size))
         if slices > 1:

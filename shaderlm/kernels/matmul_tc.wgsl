@@ -5,7 +5,7 @@
 // (quantize_q8.wgsl's TOKEN), 16 bits each, as two int8 digits X = 256 hi + lo. A row's sum is then
 // integer to the end: C = 65536 hi.hi + 256 (hi.lo + lo.hi) (lo.lo, under 2^-16 of C, is dropped), in
 // two i32 accumulators over all of K, and y = rw[row] xd[t] C: about as exact as f32 x and weights.
-// A workgroup: BM rows x BN tokens (gemm.TC_TILE; BN 64 for a decode batch of 64 rows or fewer), WG / 32
+// A workgroup: BM rows x BN tokens (gemm.TC_TILE; TC_BATCH_TILE for a decode batch of 64 rows or fewer), WG / 32
 // subgroups of 32 rows x NJ 16 tokens (2 x NJ products of 16 x 16, three each 32 of K); K steps of 64
 // in one workgroup buffer, the next step's words loaded into registers while this one multiplies (two
 // barriers a step: as many a 64 of K as two buffers of 32 took, with twice the time for the loads to
