@@ -231,7 +231,7 @@ TC_K_STEP = 64                      # elements of K it stages at once (a last ha
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
 # A decode batch of this many rows or more takes matmul_tc, up to TC_BATCH_TILE's tokens in its tiles (a
 # pass over the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
-TC_BATCH_ROWS = 64
+TC_BATCH_ROWS = 48
 TC_BATCH_TILE = (64, 64, 256)       # rows, tokens, threads (8 subgroups of 32 x 16)
 TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
 TC_SPLIT_BELOW = 128                # a matrix whose tiles make fewer workgroups (a wave or less on a large GPU)
