@@ -225,8 +225,7 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     return out
 
 
-TC_TILE = (128, 128)                # matmul_tc.wgsl's rows x tokens a workgroup for a prompt
-TC_THREADS = 512                    # its threads: 16 subgroups of 32 x 32
+TC_TILE = (128, 128, 512)           # matmul_tc.wgsl's rows, tokens and threads (16 subgroups of 32 x 32) for a prompt
 TC_K_STEP = 64                      # elements of K it stages at once (a last half step is zeros)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
 # A decode batch of this many rows or more takes matmul_tc, up to TC_BATCH_TILE's tokens in its tiles (a
@@ -241,7 +240,7 @@ TC_PARTIALS = 2 * TC_SPLIT_TARGET * TC_TILE[0] * TC_TILE[1]    # partial sums a 
 
 
 def tc_slices(rows: int, cols: int, tokens: int, tile: tuple = TC_TILE) -> int:
-    """How many slices of K matmul_tc splits a matrix into for `tokens` tokens in tiles of `tile` rows x
+    """How many slices of K matmul_tc splits a matrix into for `tokens` tokens in tiles of `tile`'s rows x
     tokens (their sums added in order by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW
     workgroups."""
     tiles = cdiv(rows, tile[0]) * cdiv(tokens, tile[1])
@@ -258,8 +257,8 @@ def tensor_cores(dev) -> bool:
     """Whether prompts' GEMMs (and large decode batches') run on matmul_tc: exact int8 subgroup matrices
     (or TC_EMULATE), and room for its tiles (both digits of W's and of x's)."""
     return ((dev.has_int8_matrix or TC_EMULATE)
-            and dev.limit("max-compute-workgroup-storage-size", 0) >= 2 * sum(TC_TILE) * _tc_row_bytes()
-            and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_THREADS)
+            and dev.limit("max-compute-workgroup-storage-size", 0) >= 2 * (TC_TILE[0] + TC_TILE[1]) * _tc_row_bytes()
+            and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_TILE[2])
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -271,8 +270,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    batch_tile = decode_batch and max_tokens <= TC_BATCH_TILE[1]
-    bm, bn, wg = TC_BATCH_TILE if batch_tile else (*TC_TILE, TC_THREADS)
+    bm, bn, wg = TC_BATCH_TILE if decode_batch and max_tokens <= TC_BATCH_TILE[1] else TC_TILE
     rw = _tc_row_bytes() // 4
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens, (bm, bn))

@@ -222,16 +222,17 @@ def _tuning(dev, ws, key: str, glu: bool, shape, rebuild, batch: int = 0, nt_max
     arithmetic of the single token's, so that a token's arithmetic is the same in any batch."""
     base = default_shape(dev, ws[0], glu, copies)
     default = base._replace(int_x=int(int_x_ok(ws)), bfly=int(bfly_ok(dev, base.rows, glu)))
-    tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
     one = GemvShape.of(tuned_shape(dev, key) or default)
-    own = None
     nt = batch_split(dev, one, batch, nt_max)[0] if batch else 1
+    own = None
     if nt > 1:
         key = f"{key} nt{nt}"
         tune = Tunable(key, lambda: batch_candidates(dev, ws, glu, one, nt), rebuild)
         own = tuned_shape(dev, key)
         if own is not None and not batch_shape_ok(dev, ws, glu, own, one, nt):
             own = None                    # tuned against another single-token shape
+    else:
+        tune = Tunable(key, lambda: candidates(dev, ws, glu, default), rebuild, refine)
     s = GemvShape.of(shape or own or one)
     if s.groups > 1 and not hoist_ok(dev, ws, s):
         raise ValueError(f"GEMV shape {tuple(s)} for {key}: row groups need the {s.wg} x {s.steps} lane steps to "
