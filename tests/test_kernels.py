@@ -94,7 +94,7 @@ def assert_close(got, ref, tol, what):
 
 # ---- weights -------------------------------------------------------------------------------------
 QUANTIZE = {"F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"}
-KQUANT_F16 = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208]}
+KQUANT_F16 = {"Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "Q2_K": [80, 82]}
 
 
 def make_weight(qtype: str, rows: int, cols: int, rng):
@@ -131,9 +131,10 @@ def k_for(qtype, i=0):
 
 def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, row0=0, y_extra=0,
                  first=None, max_binding=None, seed=0, n_chunks=None, tiled=True, int8=False, scale=1.0,
-                 q8_tile=None, decode_batch=False):
+                 q8_tile=None, decode_batch=False, x_run=None):
     """y[t, row0 + r] (+)= W[r] . x[t] (+ b[row0 + r]) for t over the computed batch rows; with `int8`,
-    the reference takes x as the int8 GEMM rounds it (q8_rounded). Returns the dispatches' labels."""
+    the reference takes x as the int8 GEMM rounds it (q8_rounded; in runs of `x_run`, default the
+    type's). Returns the dispatches' labels."""
     rng = np.random.default_rng(seed)
     raw, W = make_weight(qtype, rows, K, rng)
     if max_binding == "small":
@@ -154,12 +155,12 @@ def check_matmul(dev, qtype, rows, K, n, tt, *, accumulate=False, bias=False, ro
     bb = dev.upload(b) if bias else None
     ds = ops.matmul(dev, w, xb, yb, st, tt=tt, y_stride=ys, row0=row0, accumulate=accumulate, bias=bb,
                     from_state_row=first is not None, tiled=tiled, int8=int8,
-                    q8_tile=q8_tile, decode_batch=decode_batch)
+                    q8_tile=q8_tile, decode_batch=decode_batch, x_run=x_run)
     run(dev, ds, n)
     got = read_f32(dev, yb, (y_rows, ys))
 
     tensor_cores = any(d.label.startswith("matmul_tc") for d in ds)
-    xr, slack = (q8_rounded(x, QUANT_TYPES[qtype].iq8_run) if int8 and not tensor_cores
+    xr, slack = (q8_rounded(x, x_run or QUANT_TYPES[qtype].iq8_run) if int8 and not tensor_cores
                  else (x.astype(np.float64), np.zeros(x.shape)))
     prod = xr @ W.T
     ref = y0.astype(np.float64).copy()
@@ -246,6 +247,19 @@ def test_matmul_int8_tile_invariant(dev, qtype):
     first = gemm.Q8_TILES[0]
     for tile, got in outs.items():
         assert np.array_equal(got, outs[first]), f"{qtype}: tile {tile} differs from {first}"
+
+
+@pytest.mark.parametrize("qtype", ["Q6_K", "Q2_K"])
+@pytest.mark.parametrize("path", ["few", "split"])
+def test_matmul_int8_x_in_runs_of_32(dev, qtype, path, monkeypatch):
+    """A decode batch's type of runs of 16 (with and without mins) takes x rounded in runs of 32 (x_run:
+    x shared with a Q4_K), each half's weight scale folded apart."""
+    monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
+    n, k = (12, 512) if path == "few" else (gemm.FEW_TOKENS + 4, 2048)
+    labels = check_matmul(dev, qtype, 45, k, n, n, seed=n, int8=True, decode_batch=True, x_run=32,
+                          accumulate=path == "few", bias=path == "few", row0=2 if path == "few" else 0)
+    kernel = {"few": "matmul_few", "split": "matmul_split"}[path]
+    assert any(label.startswith(kernel) for label in labels), labels
 
 
 @pytest.mark.parametrize("qtype,rows,K,n,first", [("Q4_K", 200, 2048, 52, None), ("Q6_K", 77, 1024, 50, 2),
@@ -464,22 +478,25 @@ def test_int8_gemms_share_x_rounding(dev, path, monkeypatch):
     ws = [upload(dev, q, make_weight(q, rows, k, rng)[0], rows, k) for q in ("Q4_K", "Q4_0", "Q6_K")]
     x = dev.upload(rng.standard_normal((n, k)).astype(np.float32))
     st = state(dev, n=n)
-    kw = dict(tt=n, y_stride=3 * rows, int8=True, decode_batch=decode_batch)
-    got, want = dev.buffer(4 * n * 3 * rows), dev.buffer(4 * n * 3 * rows)
-    shared, alone, prev = [], [], None
-    for i, w in enumerate(ws):
-        shared.append(ops.matmul(dev, w, x, got, st, row0=i * rows, x_after=prev, **kw))
-        alone.append(ops.matmul(dev, w, x, want, st, row0=i * rows, **kw))
-        prev = w
-    run(dev, [d for ds in shared for d in ds], n)
-    run(dev, [d for ds in alone for d in ds], n)
-    shape = (n, 3 * rows)
-    assert np.array_equal(read_f32(dev, got, shape).view(np.uint32), read_f32(dev, want, shape).view(np.uint32))
     kernel = {"prompt": "matmul_q8", "few": "matmul_few", "split": "matmul_split", "tensor cores": "matmul_tc"}[path]
-    assert all(any(d.label.startswith(kernel) for d in ds) for ds in shared), [d.label for d in shared[0]]
-    rounds = [sum(d.label.startswith("quantize") for d in ds) for ds in shared]
-    # Q4_0 runs of 32 like Q4_K's; Q6_K's of 16 are rounded again (the tensor cores' digits are one for all)
-    assert rounds == ([1, 0, 0] if path == "tensor cores" else [1, 0, 1]), rounds
+    shape = (n, 3 * rows)
+    # each type's own runs: Q4_0's of 32 like Q4_K's, Q6_K's of 16 rounded again (the tensor cores' digits
+    # are one for all); then a decode batch's x in runs of 32 for all (gemm.shared_run): one rounding
+    own = [1, 0, 0] if path == "tensor cores" else [1, 0, 1]
+    for x_run, want_rounds in ((None, own), (32, [1, 0, 0] if decode_batch else own)):
+        kw = dict(tt=n, y_stride=3 * rows, int8=True, decode_batch=decode_batch, x_run=x_run)
+        got, want = dev.buffer(4 * n * 3 * rows), dev.buffer(4 * n * 3 * rows)
+        shared, alone, prev = [], [], None
+        for i, w in enumerate(ws):
+            shared.append(ops.matmul(dev, w, x, got, st, row0=i * rows, x_after=prev, **kw))
+            alone.append(ops.matmul(dev, w, x, want, st, row0=i * rows, **kw))
+            prev = w
+        run(dev, [d for ds in shared for d in ds], n)
+        run(dev, [d for ds in alone for d in ds], n)
+        assert np.array_equal(read_f32(dev, got, shape).view(np.uint32), read_f32(dev, want, shape).view(np.uint32))
+        assert all(any(d.label.startswith(kernel) for d in ds) for ds in shared), [d.label for d in shared[0]]
+        rounds = [sum(d.label.startswith("quantize") for d in ds) for ds in shared]
+        assert rounds == want_rounds, (x_run, rounds)
 
 
 def test_k_slices_fit_the_partials_scratch():

@@ -153,6 +153,14 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
                      label="quantize_tc" if digits else "quantize_q8")], bufs
 
 
+def shared_run(ws) -> int:
+    """The run length a decode batch's int8 GEMMs over one x (matmuls into consecutive rows: Q/K/V,
+    gate/up) round it in: the longest of their types', so that one rounding pass serves them all (a type
+    of runs of 16 reads each half's scale and sum, equal in a run of 32: a coarser x for it, one
+    dispatch fewer a layer)."""
+    return max(w.qtype.iq8_run for w in ws)
+
+
 def _type_defines(w) -> dict:
     """The int8 GEMMs' defines for the weight's type: its decoder, whether its runs have mins, its run
     length, whether it loads its runs in 16 bytes (W4)."""
@@ -203,13 +211,14 @@ def few_rows(tokens: int) -> tuple[int, int]:
     return FEW_ROWS_A_THREAD, cdiv(tokens, FEW_TOKENS_A_THREAD)
 
 
-def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row, run: int,
                **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
     once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
-    for every max_tokens (FEW_LANES is fixed). `fused`: quantize_q8's norm / eps / glu_input / ready."""
+    for every max_tokens (FEW_LANES is fixed). `run`: x's run length; `fused`: quantize_q8's norm / eps /
+    glu_input / ready."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
-                             run=w.qtype.iq8_run, **fused)
+                             run=run, **fused)
     r, ts = few_rows(max_tokens)
     nt = cdiv(max_tokens, ts)
     groups = cdiv(FEW_THREADS, FEW_LANES * ts)           # of a workgroup's rows: whole subgroups
@@ -303,7 +312,8 @@ def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
-              tile=None, decode_batch: bool = False, x_after=None, **fused) -> list[Dispatch]:
+              tile=None, decode_batch: bool = False, x_after=None, x_run: int | None = None,
+              **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
     prompt the adapter's tuned tile, else q8_tile's choice (KB 1 where K is not a multiple of 32 KB); a
     prompt's GEMMs carry a Tunable for the tile (a token's result is the same in every tile).
@@ -313,19 +323,25 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     prompt's GEMMs (TC_MIN_TOKENS or more, no tile asked for) and a decode batch's of TC_BATCH_ROWS or
     more run on them (matmul_tc).
     `x_after`: a weight this GEMM's x (the same rows, norm and activation) was just taken by, through
-    this function with the same tokens: x's rounding is reused where it is the same (the tensor cores'
-    digits whatever the types; int8 runs of the same length).
+    this function with the same tokens and `x_run`: x's rounding is reused where it is the same (the
+    tensor cores' digits whatever the types; int8 runs of the same length).
+    `x_run`: for a decode batch, the run length x is rounded in (shared_run: 32 lets a type of runs of
+    16 share x with one of 32, a dispatch fewer in a step of a few rows; a prompt keeps each type's runs).
     `fused`: quantize_q8's norm / eps / glu_input."""
     on_tc = tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev)
-    fused["ready"] = x_after is not None and (on_tc or x_after.qtype.iq8_run == w.qtype.iq8_run)
+    x_run = x_run if decode_batch else None
+    if x_run not in (None, 32, w.qtype.iq8_run):
+        raise ValueError(f"{w.name}: {w.qtype.name} takes x in runs of {w.qtype.iq8_run} or 32, not {x_run}")
+    run = x_run or w.qtype.iq8_run
+    fused["ready"] = x_after is not None and (on_tc or (x_run or x_after.qtype.iq8_run) == run)
     kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
               from_state_row=from_state_row, **fused)
     if on_tc:
         return matmul_tc(dev, w, x, y, st, decode_batch=decode_batch, **kw)
     if decode_batch and max_tokens <= FEW_TOKENS:
-        return matmul_few(dev, w, x, y, st, **kw)
+        return matmul_few(dev, w, x, y, st, run=run, **kw)
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
-                             run=w.qtype.iq8_run, **fused)
+                             run=run, **fused)
     gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
                  from_state_row=from_state_row, decode_batch=decode_batch)
     if tile is not None or decode_batch:

@@ -45,7 +45,7 @@ def int8_gemm(w, *, tt: int, tiled: bool, int8: bool) -> bool:
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None, glu_input=False,
            tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
-           nt_max: int = 1, decode_batch: bool = False, x_after=None) -> list[Dispatch]:
+           nt_max: int = 1, decode_batch: bool = False, x_after=None, x_run: int | None = None) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
@@ -60,7 +60,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     batch: a fixed number of rows, each a token of its own sequence (a serving step's; the decode GEMV's
     batch), whatever the plan's token count. `x_after`: the weight of the matmul just before this one,
     over the same x (its rows, norm and input) with the same options: an int8 GEMM then reuses x's
-    rounding where it is the same (gemm.matmul_q8)."""
+    rounding where it is the same (gemm.matmul_q8), as it is for every such matmul given the same `x_run`
+    (the run length an int8 GEMM rounds x in: the shortest of the types sharing x)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
         if int8_gemm(w, tt=tt, tiled=tiled, int8=int8):
@@ -69,7 +70,7 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
             fused = dict(norm=norm, eps=eps, glu_input=act_defines(gelu, act) if glu_input else None)
             x_after = x_after if x_after is not None and int8_gemm(x_after, tt=tt, tiled=tiled, int8=int8) else None
             return gemm.matmul_q8(dev, w, x, y, st, max_tokens=max(max_tokens, tt), tile=q8_tile,
-                                  decode_batch=decode_batch, x_after=x_after, **kw, **fused)
+                                  decode_batch=decode_batch, x_after=x_after, x_run=x_run, **kw, **fused)
         if norm is not None or glu or glu_input:
             raise ValueError("the f32 GEMM does not fuse norm/glu; run them as separate ops")
         return gemm.matmul_f32(dev, w, x, y, st, **kw)

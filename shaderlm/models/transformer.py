@@ -410,7 +410,8 @@ class Transformer:
                              nt_max=self.batch_tokens, **norm)
         out, row0, prev = [], 0, None
         for w in parts:
-            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, x_after=prev, **norm)
+            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, x_after=prev,
+                               x_run=gemm.shared_run(parts), **norm)
             row0, prev = row0 + w.rows, w
         return out
 
@@ -462,7 +463,8 @@ class Transformer:
             return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
         out, row0, prev = [], 0, None
         for w in gu:
-            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, **norm)
+            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, x_run=gemm.shared_run(gu),
+                               **norm)
             row0, prev = row0 + w.rows, w
         if not activation:
             return out
