@@ -499,6 +499,16 @@ def test_int8_gemms_share_x_rounding(dev, path, monkeypatch):
         assert rounds == want_rounds, (x_run, rounds)
 
 
+def test_shared_run_is_the_longest_quantized_types():
+    """A decode batch rounds x once for Q/K/V in runs of 32 where any quantized type takes 32; a type that
+    is not quantized in blocks (no int8 GEMM) does not count."""
+    ws = {q: SimpleNamespace(qtype=QUANT_TYPES[q]) for q in ("Q4_K", "Q6_K", "Q2_K", "F16")}
+    assert gemm.shared_run([ws["Q4_K"], ws["Q6_K"]]) == 32
+    assert gemm.shared_run([ws["Q6_K"], ws["F16"]]) == 16
+    assert gemm.shared_run([ws["Q6_K"], ws["Q2_K"]]) == 16
+    assert gemm.shared_run([ws["F16"]]) is None
+
+
 def test_k_slices_fit_the_partials_scratch():
     """Split GEMMs share one scratch buffer of gemm.PARTIALS sums a token: every matrix's slices fit it,
     and each slice is whole K steps of 64 and at least gemm.MIN_SLICE long."""

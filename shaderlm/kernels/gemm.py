@@ -153,12 +153,12 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
                      label="quantize_tc" if digits else "quantize_q8")], bufs
 
 
-def shared_run(ws) -> int:
+def shared_run(ws) -> int | None:
     """The run length a decode batch's int8 GEMMs over one x (matmuls into consecutive rows: Q/K/V,
-    gate/up) round it in: the longest of their types', so that one rounding pass serves them all (a type
-    of runs of 16 reads each half's scale and sum, equal in a run of 32: a coarser x for it, one
-    dispatch fewer a layer)."""
-    return max(w.qtype.iq8_run for w in ws)
+    gate/up) round it in: the longest of their quantized types', so that one rounding pass serves them
+    all (a type of runs of 16 reads each half's scale and sum, equal in a run of 32: a coarser x for it,
+    one dispatch fewer a layer). None where no type is quantized in blocks."""
+    return max((w.qtype.iq8_run for w in ws if w.qtype.blocked), default=None)
 
 
 def _type_defines(w) -> dict:

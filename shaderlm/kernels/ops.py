@@ -60,8 +60,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     batch: a fixed number of rows, each a token of its own sequence (a serving step's; the decode GEMV's
     batch), whatever the plan's token count. `x_after`: the weight of the matmul just before this one,
     over the same x (its rows, norm and input) with the same options: an int8 GEMM then reuses x's
-    rounding where it is the same (gemm.matmul_q8), as it is for every such matmul given the same `x_run`
-    (the run length an int8 GEMM rounds x in: the shortest of the types sharing x)."""
+    rounding where it is the same (gemm.matmul_q8). `x_run`: the run length a decode batch's int8 GEMMs
+    over that x round it in (gemm.shared_run), so that types of runs of 16 and 32 share one rounding."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
         if int8_gemm(w, tt=tt, tiled=tiled, int8=int8):

@@ -408,10 +408,10 @@ class Transformer:
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
             return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch,
                              nt_max=self.batch_tokens, **norm)
-        out, row0, prev = [], 0, None
+        out, row0, prev, run = [], 0, None, gemm.shared_run(parts)
         for w in parts:
             out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, x_after=prev,
-                               x_run=gemm.shared_run(parts), **norm)
+                               x_run=run, **norm)
             row0, prev = row0 + w.rows, w
         return out
 
@@ -461,10 +461,9 @@ class Transformer:
         a, gu = self.args, self.layers[i].gate_up
         if fused:
             return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
-        out, row0, prev = [], 0, None
+        out, row0, prev, run = [], 0, None, gemm.shared_run(gu)
         for w in gu:
-            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, x_run=gemm.shared_run(gu),
-                               **norm)
+            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, x_run=run, **norm)
             row0, prev = row0 + w.rows, w
         if not activation:
             return out
