@@ -408,10 +408,14 @@ class Transformer:
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
             return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch,
                              nt_max=self.batch_tokens, **norm)
-        out, row0, prev, run = [], 0, None, gemm.shared_run(parts)
-        for w in parts:
-            out += self.matmul(w, src, self.qkv, y_stride=qkv_w, row0=row0, bias=L.qkv_bias, x_after=prev,
-                               x_run=run, **norm)
+        return self.matmuls_over(parts, src, self.qkv, y_stride=qkv_w, bias=L.qkv_bias, **norm)
+
+    def matmuls_over(self, ws, x, y, **kw) -> list:
+        """The matmuls of `ws` over one x into consecutive rows of y from row 0 (Q/K/V, gate/up split by
+        type): where they are int8 GEMMs, x is rounded once for all of them (x_after, gemm.shared_run)."""
+        out, row0, prev, run = [], 0, None, gemm.shared_run(ws)
+        for w in ws:
+            out += self.matmul(w, x, y, row0=row0, x_after=prev, x_run=run, **kw)
             row0, prev = row0 + w.rows, w
         return out
 
@@ -461,10 +465,7 @@ class Transformer:
         a, gu = self.args, self.layers[i].gate_up
         if fused:
             return self.matmul(gu[0], src, self.h, tt=1, y_stride=a.ffn_dim, glu=True, gelu=self.gelu, **norm)
-        out, row0, prev, run = [], 0, None, gemm.shared_run(gu)
-        for w in gu:
-            out += self.matmul(w, src, self.gu, y_stride=2 * a.ffn_dim, row0=row0, x_after=prev, x_run=run, **norm)
-            row0, prev = row0 + w.rows, w
+        out = self.matmuls_over(gu, src, self.gu, y_stride=2 * a.ffn_dim, **norm)
         if not activation:
             return out
         return out + [ops.glu(self.dev, self.gu, self.h, self.b.state, ffn=a.ffn_dim, gelu=self.gelu)]
