@@ -415,6 +415,28 @@ def test_matmul_few_rows_past_the_grid_limit(dev):
     assert any(x.startswith("matmul_few") for x in labels)
 
 
+def test_matmul_few_keeps_to_its_tokens(dev):
+    """matmul_few runs without bounds checks (kernels.UNCHECKED): a state counting more tokens than the
+    host allotted it (max_tokens) still reads and writes only those rows, the same bits as a state that
+    counts them."""
+    from shaderlm.kernels import UNCHECKED
+    assert "matmul_few" in UNCHECKED
+    rng = np.random.default_rng(12)
+    n, extra, rows, K = 13, 20, 70, 512          # two thread groups of 7 tokens: one past max_tokens
+    raw, _ = make_weight("Q4_K", rows, K, rng)
+    w = upload(dev, "Q4_K", raw, rows, K)
+    xb = dev.upload(rng.standard_normal((n + extra, K)).astype(np.float32))
+    out = []
+    for count in (n, n + extra):
+        yb = dev.upload(poisoned((n + extra, rows)))
+        ds = ops.matmul(dev, w, xb, yb, state(dev, n=count), tt=n, y_stride=rows, int8=True, decode_batch=True)
+        assert [d.label for d in ds][-1].startswith("matmul_few")
+        run(dev, ds, n)
+        out.append(read_f32(dev, yb, (n + extra, rows)))
+    assert not is_poison(out[0][:n]).any() and is_poison(out[1][n:]).all()
+    assert np.array_equal(out[0][:n].view(np.uint32), out[1][:n].view(np.uint32))
+
+
 @pytest.mark.parametrize("qtype,n", [("Q4_K", 16), ("Q6_K", 7), ("Q4_0", 29)])
 def test_matmul_few_thread_shapes_keep_a_tokens_bits(dev, monkeypatch, qtype, n):
     """matmul_few's rows and tokens a thread (gemm.FEW_ROWS_A_THREAD, FEW_TOKENS_A_THREAD: thread groups

@@ -223,12 +223,13 @@ class Device:
         return self.upload(pack_params(*values), usage=UNIFORM, label=label)
 
     # ---- pipelines -----------------------------------------------------------------------------
-    def compile(self, code: str, label: str = ""):
-        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source."""
+    def compile(self, code: str, label: str = "", checks: str | None = None):
+        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source; `checks`:
+        wgpu-native's runtime checks for it (default the device's, options.shader_checks)."""
         if "subgroups" in self.features and "enable subgroups;" not in code:
             code = "enable subgroups;\n" + code        # Dawn's WGSL asks for it; wgpu-native's takes none
         try:
-            module = shader_module(self.device, code, label, self.shader_checks)
+            module = shader_module(self.device, code, label, checks or self.shader_checks)
             return self.device.create_compute_pipeline(layout="auto",
                                                        compute={"module": module, "entry_point": "main"},
                                                        label=label)

@@ -10,6 +10,9 @@ from weakref import WeakKeyDictionary
 from .wgsl import KERNEL_DIR, load_wgsl
 
 _pipelines: WeakKeyDictionary = WeakKeyDictionary()     # device -> {(kernel, defines): pipeline}
+# kernels that clamp every index they load or store by to the sizes the host allots them: compiled without
+# wgpu-native's bounds checks, which cost a decode batch's GEMM part of its loads' time
+UNCHECKED = frozenset({"matmul_few"})
 
 
 def pipeline(dev, kernel: str, **defines):
@@ -18,7 +21,8 @@ def pipeline(dev, kernel: str, **defines):
     key = (kernel, tuple(sorted(defines.items())))
     pipe = cache.get(key)
     if pipe is None:
-        pipe = cache[key] = dev.compile(load_wgsl(kernel, defines), f"{kernel} {defines}")
+        pipe = cache[key] = dev.compile(load_wgsl(kernel, defines), f"{kernel} {defines}",
+                                        checks="none" if kernel in UNCHECKED else None)
     return pipe
 
 
