@@ -415,22 +415,27 @@ def test_matmul_few_rows_past_the_grid_limit(dev):
     assert any(x.startswith("matmul_few") for x in labels)
 
 
-def test_matmul_few_keeps_to_its_tokens(dev):
-    """matmul_few runs without bounds checks (kernels.UNCHECKED): a state counting more tokens than the
-    host allotted it (max_tokens) still reads and writes only those rows, the same bits as a state that
-    counts them."""
-    from shaderlm.kernels import UNCHECKED
-    assert "matmul_few" in UNCHECKED
+@pytest.mark.parametrize("path", ["few", "batch", "prompt"])
+def test_int8_gemms_keep_to_their_tokens(dev, path):
+    """matmul_few and matmul_q8 run without bounds checks (kernels.UNCHECKED): a state counting more tokens
+    than the host allotted them (max_tokens) still reads and writes only those rows, the same bits as a
+    state that counts them."""
+    from shaderlm.kernels import unchecked
+    kernel = "matmul_few" if path == "few" else "matmul_q8"
+    assert unchecked("matmul_few", {}) and unchecked("matmul_q8", {}) and not unchecked("matmul_q8", {"EXPERTS": True})
     rng = np.random.default_rng(12)
-    n, extra, rows, K = 13, 20, 70, 512          # two thread groups of 7 tokens: one past max_tokens
+    # matmul_few: two thread groups of 7 tokens, one past max_tokens; matmul_q8: a tile of more tokens
+    n = {"few": 13, "batch": gemm.FEW_TOKENS + 3, "prompt": 13}[path]
+    extra, rows, K = 20, 70, 512
     raw, _ = make_weight("Q4_K", rows, K, rng)
     w = upload(dev, "Q4_K", raw, rows, K)
     xb = dev.upload(rng.standard_normal((n + extra, K)).astype(np.float32))
     out = []
     for count in (n, n + extra):
         yb = dev.upload(poisoned((n + extra, rows)))
-        ds = ops.matmul(dev, w, xb, yb, state(dev, n=count), tt=n, y_stride=rows, int8=True, decode_batch=True)
-        assert [d.label for d in ds][-1].startswith("matmul_few")
+        ds = ops.matmul(dev, w, xb, yb, state(dev, n=count), tt=n, y_stride=rows, int8=True,
+                        decode_batch=path != "prompt")
+        assert any(d.label.startswith(kernel) for d in ds), [d.label for d in ds]
         run(dev, ds, n)
         out.append(read_f32(dev, yb, (n + extra, rows)))
     assert not is_poison(out[0][:n]).any() and is_poison(out[1][n:]).all()

@@ -10,9 +10,14 @@ from weakref import WeakKeyDictionary
 from .wgsl import KERNEL_DIR, load_wgsl
 
 _pipelines: WeakKeyDictionary = WeakKeyDictionary()     # device -> {(kernel, defines): pipeline}
-# kernels that clamp every index they load or store by to the sizes the host allots them: compiled without
-# wgpu-native's bounds checks, which cost a decode batch's GEMM part of its loads' time
-UNCHECKED = frozenset({"matmul_few"})
+# kernels that clamp every index they load or store by to the sizes the host allots them, unless one of
+# the defines listed is set (their indices come from data on the GPU): compiled without wgpu-native's
+# bounds checks, which cost the int8 GEMMs part of their loads' time
+UNCHECKED = {"matmul_few": (), "matmul_q8": ("EXPERTS",)}
+
+
+def unchecked(kernel: str, defines: dict) -> bool:
+    return kernel in UNCHECKED and not any(defines.get(d) for d in UNCHECKED[kernel])
 
 
 def pipeline(dev, kernel: str, **defines):
@@ -22,7 +27,7 @@ def pipeline(dev, kernel: str, **defines):
     pipe = cache.get(key)
     if pipe is None:
         pipe = cache[key] = dev.compile(load_wgsl(kernel, defines), f"{kernel} {defines}",
-                                        checks="none" if kernel in UNCHECKED else None)
+                                        checks="none" if unchecked(kernel, defines) else None)
     return pipe
 
 

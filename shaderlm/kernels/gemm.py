@@ -224,10 +224,10 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     groups = cdiv(FEW_THREADS, FEW_LANES * ts)           # of a workgroup's rows: whole subgroups
     bm = groups * r
     pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
-                    R=r, L=FEW_LANES, TS=ts, NT=nt, MT=max_tokens, WG=groups * ts * FEW_LANES,
+                    R=r, L=FEW_LANES, TS=ts, NT=nt, WG=groups * ts * FEW_LANES,
                     PART=bm * ts * nt * FEW_LANES)
     for c in w.chunks:
-        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), 0, 0)
+        params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), max_tokens, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), grid_1d(dev, cdiv(c.rows, bm)),
                             label=f"matmul_few.{w.qtype.name}", bytes=c.buffer.size))

@@ -33,7 +33,7 @@ fn i2f(v: i32) -> f32 { return bitcast<f32>(v) - RND; }
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
-    let m = min(st.n - first, {{MT}}u);                 // every index below stays in the host's buffers
+    let m = min(st.n - first, p.max_tokens);            // every index below stays in the host's buffers
                                                         // (kernels.UNCHECKED: compiled without checks)
     let lane = li % L;
     let t0 = (li / L) % TS * NT;                        // this thread's first token

@@ -43,7 +43,7 @@ var<private> slice: u32;          // SPLIT: the workgroup's slice of K
 fn put(t: u32, row: u32, v: f32) {
     let yr = p.row0 + row;
 #if PARTIALS
-    y[(slice * p.part_tokens + t) * p.rows + row] = v;
+    y[(slice * p.max_tokens + t) * p.rows + row] = v;
 #else
 #if EXPERTS
     write_y(pairs[e_p0 + t] * p.y_stride + yr, e_w0 + row, v);
@@ -196,8 +196,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t_base = 0u;
 #else
     let first = select(0u, st.out_row0, p.first_from_state != 0u);
-    let m = st.n - first;
-    let t_base = wid.y * BN;
+    let m = min(st.n - first, p.max_tokens);       // every index below stays in the host's buffers
+    let t_base = wid.y * BN;                       // (kernels.UNCHECKED: compiled without checks)
     if (t_base >= m) { return; }
 #endif
     let r_base = wid.x * BM;

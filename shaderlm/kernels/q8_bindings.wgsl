@@ -1,7 +1,8 @@
 // The int8 GEMMs' parameters and bindings (matmul_q8.wgsl, matmul_few.wgsl): the weight words w, x as
 // quantize_q8.wgsl writes it (words xq, scales xd and, for types with mins (MINS), sums xs), the output
-// y and, with BIAS, the bias. part_tokens: matmul_q8's PARTIALS (tokens a slice of partial sums).
-struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, part_tokens: u32, _b: u32 }
+// y and, with BIAS, the bias. max_tokens: x's rows at most, what the host's buffers hold (and a slice of
+// matmul_q8's PARTIALS).
+struct P { k: u32, rows: u32, row0: u32, dbase: u32, y_stride: u32, first_from_state: u32, max_tokens: u32, _b: u32 }
 @group(0) @binding(0) var<uniform> p: P;
 @group(0) @binding(1) var<storage, read> st: State;
 @group(0) @binding(2) var<storage, read> w: array<WeightWord>;      // vec4s with W4 (the types with raw8)
