@@ -23,7 +23,8 @@ rounding):
                               of 32 KB) for every matrix
     SHADERLM_SHADER_CHECKS=bounds|all|none   wgpu-native's runtime checks in the kernels: bounds checks
                               on array accesses (default), plus a counter in every loop that ends it
-                              if it never would (all: what the plain WebGPU API compiles), or neither
+                              if it never would (all: what the plain WebGPU API compiles), or neither;
+                              kernels.UNCHECKED (the int8 GEMMs, which clamp every index) run without
 """
 from __future__ import annotations
 
