@@ -162,3 +162,28 @@ def test_prompt_gemm_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch, tmp_p
     monkeypatch.setenv("SHADERLM_TUNE", "0")          # the built-in tiles
     builtin = shaderlm.load(path, progress=False, ctx=64, batch=48).logits(ids)
     assert np.array_equal(tuned.view(np.uint32), builtin.view(np.uint32))
+
+
+def test_editing_a_kernel_drops_only_its_shapes(tmp_path, monkeypatch):
+    """Each cached shape carries the stamp of its kernel's sources, includes and all (wgsl.sources): on
+    load, the shapes of a kernel whose sources changed are dropped, to be tuned again, and the others
+    kept."""
+    from shaderlm.gpu.device import get_device
+    from shaderlm.kernels.wgsl import sources
+    q8, gv = set(sources("matmul_q8")), set(sources("gemv"))
+    assert {"matmul_q8", "q8_bindings", "epilogue", "quant_common", "quant/q4_k", "quant/runs4"} <= q8
+    assert {"gemv", "gemv_rows", "reduce", "quant/q6_k"} <= gv
+    assert "matmul_few" not in q8 | gv and "matmul_q8" not in gv
+    dev = get_device()
+    gemv_shape, tile = (64, 4, 1, 1, 1, 0, 0), gemm.full_tile(gemm.Q8_TILES[0])
+    kept = {"gemv Q4_K 96x96": gemv_shape, "gemv_pair Q4_K+Q6_K 96+32x96": gemv_shape}
+    cache = shape_cache.open_cache(dev, str(tmp_path), reload=True)
+    cache.shapes.update({**kept, "matmul_q8 Q4_K 96x96 t64": tile})
+    cache.save()
+    assert shape_cache.open_cache(dev, str(tmp_path), reload=True).shapes == {**kept, "matmul_q8 Q4_K 96x96 t64": tile}
+    stamp = shape_cache.source_stamp
+    monkeypatch.setattr(shape_cache, "source_stamp", lambda k: stamp(k) + "+edit" * (k == "matmul_q8"))
+    try:
+        assert shape_cache.open_cache(dev, str(tmp_path), reload=True).shapes == kept
+    finally:
+        shape_cache.close_cache(dev)

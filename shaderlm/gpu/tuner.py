@@ -42,23 +42,27 @@ class Tunable:
 
 class ShapeCache:
     """Tuned shapes by key for one adapter, read from and written to `path` (None: memory only).
-    `valid(shape)` says whether a cached entry is a shape the kernels can build."""
+    `valid(shape)` says whether a cached entry is a shape the kernels can build; `stamp(key)`, what the
+    entry of `key` was tuned against (its kernel's sources): an entry stamped otherwise is dropped."""
 
-    def __init__(self, path: Path | None, valid: Callable[[tuple], bool] = lambda s: True, tag: str = ""):
-        self.path, self.tag = path, tag
+    def __init__(self, path: Path | None, valid: Callable[[tuple], bool] = lambda s: True, tag: str = "",
+                 stamp: Callable[[str], str] = lambda key: ""):
+        self.path, self.tag, self.stamp = path, tag, stamp
         self.shapes: dict[str, tuple] = {}
         if path is not None and path.exists():
-            self.shapes = self._read(path, valid)
+            self.shapes = self._read(path, valid, stamp)
 
     @staticmethod
-    def _read(path: Path, valid) -> dict:
+    def _read(path: Path, valid, stamp) -> dict:
         """A file that does not parse is ignored with a warning, and rewritten by the next tuning."""
         try:
-            shapes = json.loads(path.read_text())["shapes"]
-            ok = {k: tuple(v) for k, v in shapes.items()
-                  if isinstance(k, str) and isinstance(v, list) and all(isinstance(i, int) for i in v)
-                  and valid(tuple(v))}
-            if len(ok) != len(shapes):
+            data = json.loads(path.read_text())
+            shapes, stamps = data["shapes"], data.get("sources", {})
+            if not all(isinstance(v, list) and all(isinstance(i, int) for i in v) for v in shapes.values()):
+                raise ValueError("entries that are not lists of integers")
+            current = {k: tuple(v) for k, v in shapes.items() if stamps.get(k, "") == stamp(k)}
+            ok = {k: v for k, v in current.items() if valid(v)}
+            if len(ok) != len(current):
                 raise ValueError("entries that are not shapes these kernels can build")
             return ok
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
@@ -77,8 +81,9 @@ class ShapeCache:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps({"adapter": self.tag,
-                                       "shapes": {k: list(v) for k, v in sorted(self.shapes.items())}}, indent=1))
+            keys = sorted(self.shapes)
+            tmp.write_text(json.dumps({"adapter": self.tag, "shapes": {k: list(self.shapes[k]) for k in keys},
+                                       "sources": {k: self.stamp(k) for k in keys}}, indent=1))
             tmp.replace(self.path)
         except OSError as e:         # a read-only home: tuning still applies to this process
             print(f"shaderlm: could not write the kernel tuning cache {self.path}: {e}", file=sys.stderr)

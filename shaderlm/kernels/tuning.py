@@ -1,8 +1,10 @@
 """Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles) are kept for an adapter: a
-JSON file per adapter, driver and kernel source (editing a tuned kernel invalidates it), opened when a
-model loads with tuning on."""
+JSON file per adapter and driver, opened when a model loads with tuning on. Each shape is stamped with
+the sources of the kernel it tunes: editing that kernel (or what it includes) drops its shapes alone, so
+only they are tuned again."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from pathlib import Path
@@ -10,22 +12,35 @@ from weakref import WeakKeyDictionary
 
 from ..gpu.tuner import ShapeCache
 
-VERSION = 9          # of the cache's meaning (what a shape's fields are and how they are timed)
-# kernels whose source decides the tuned shapes
-TUNED_SOURCES = ("gemv", "gemv_rows", "quant_common", "reduce", "matmul_q8")
+VERSION = 10         # of the cache's meaning (what a shape's fields are and how they are timed)
+# the kernel a tuning key's shape is for, by the key's first word
+TUNED_KERNELS = {"gemv": "gemv", "gemv_pair": "gemv", "matmul_q8": "matmul_q8"}
 
 _caches: WeakKeyDictionary = WeakKeyDictionary()      # device -> ShapeCache
 
 
-def cache_path(dev, cache_dir: str | None = None) -> Path:
+@functools.cache
+def source_stamp(kernel: str) -> str:
+    """A hash of every source file `kernel` may read (wgsl.sources)."""
     from . import KERNEL_DIR
+    from .wgsl import sources
+    h = hashlib.sha256()
+    for name in sources(kernel):
+        h.update(name.encode() + b"\0" + (KERNEL_DIR / f"{name}.wgsl").read_bytes())
+    return h.hexdigest()[:16]
+
+
+def key_stamp(key: str) -> str:
+    """The source stamp a shape cached under `key` must carry to be used ("" for a key of no kernel
+    known here, which nothing looks up)."""
+    kernel = TUNED_KERNELS.get(key.split(" ", 1)[0])
+    return source_stamp(kernel) if kernel else ""
+
+
+def cache_path(dev, cache_dir: str | None = None) -> Path:
     h = hashlib.sha256()
     for part in dev.identity() + [str(VERSION)]:
         h.update(part.encode() + b"\0")
-    for k in TUNED_SOURCES:
-        h.update((KERNEL_DIR / f"{k}.wgsl").read_bytes())
-    for f in sorted((KERNEL_DIR / "quant").glob("*.wgsl")):
-        h.update(f.read_bytes())
     slug = re.sub(r"[^A-Za-z0-9]+", "-", str(dev.adapter.info.get("device", "adapter"))).strip("-")[:48]
     root = Path(cache_dir) if cache_dir else Path.home() / ".cache" / "shaderlm"
     return root / f"tune-{slug}-{h.hexdigest()[:16]}.json"
@@ -39,7 +54,7 @@ def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> Shape
     path = cache_path(dev, cache_dir)
     cache = _caches.get(dev)
     if cache is None or cache.path != path or reload:
-        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s), dev.name)
+        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s), dev.name, key_stamp)
     return cache
 
 

@@ -28,6 +28,24 @@ def load_wgsl(name: str, defines: dict, root: Path = KERNEL_DIR) -> str:
     return _substituted(_expand(root, name, defines, set(), {}), defines, name)
 
 
+def sources(name: str, root: Path = KERNEL_DIR) -> list[str]:
+    """The files (names as #include takes them) kernel NAME may read, whatever its defines: its own and
+    every include's, through #if branches of every kind. An include named by a define ({{QUANT}}) stands
+    for every decoder of quant/: the only includes named so."""
+    seen, todo = set(), [name]
+    while todo:
+        n = todo.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        for line in (root / f"{n}.wgsl").read_text().splitlines():
+            s = line.strip()
+            if s.startswith("#include "):
+                inc = s[9:].split(" as ")[0].strip()
+                todo += ([f"quant/{f.stem}" for f in (root / "quant").glob("*.wgsl")] if "{{" in inc else [inc])
+    return sorted(seen)
+
+
 def _substituted(text: str, defines: dict, kernel: str) -> str:
     """Every {{NAME}} in `text` replaced by its define."""
     return _SUB.sub(lambda m: _value(defines, m.group(1), kernel), text)
