@@ -24,7 +24,8 @@ rounding):
     SHADERLM_SHADER_CHECKS=bounds|all|none   wgpu-native's runtime checks in the kernels: bounds checks
                               on array accesses (default), plus a counter in every loop that ends it
                               if it never would (all: what the plain WebGPU API compiles), or neither;
-                              kernels.UNCHECKED (the int8 GEMMs, which clamp every index) run without
+                              kernels.UNCHECKED (the int8 GEMMs, which clamp every index) leave out
+                              the default bounds checks (`all` keeps them)
 """
 from __future__ import annotations
 

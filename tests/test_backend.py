@@ -147,3 +147,23 @@ def test_a_bad_runtime_check_mode_is_one_clear_error(tiny_gguf):
                        capture_output=True, text=True, env=env, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     assert "SHADERLM_SHADER_CHECKS='sometimes': expected one of bounds, all, none" in r.stderr
+
+
+def test_clamped_kernels_leave_out_only_the_default_bounds_checks(monkeypatch):
+    """A kernel compiled as `clamped` (kernels.UNCHECKED) runs without wgpu-native's default bounds
+    checks, but keeps every check under SHADERLM_SHADER_CHECKS=all; other kernels take the device's."""
+    from shaderlm.gpu import device as device_mod
+    from shaderlm.gpu.device import get_device
+    dev = get_device()
+    seen = []
+    real = device_mod.shader_module
+    def spy(d, code, label, checks):
+        seen.append(checks)
+        return real(d, code, label, checks)
+    monkeypatch.setattr(device_mod, "shader_module", spy)
+    code = "@compute @workgroup_size(1) fn main() {}"
+    for mode in ("bounds", "all", "none"):
+        monkeypatch.setattr(dev, "shader_checks", mode)
+        dev.compile(code, f"clamped {mode}", clamped=True)
+        dev.compile(code, f"plain {mode}")
+    assert seen == ["none", "bounds", "all", "all", "none", "none"]

@@ -223,13 +223,15 @@ class Device:
         return self.upload(pack_params(*values), usage=UNIFORM, label=label)
 
     # ---- pipelines -----------------------------------------------------------------------------
-    def compile(self, code: str, label: str = "", checks: str | None = None):
-        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source; `checks`:
-        wgpu-native's runtime checks for it (default the device's, options.shader_checks)."""
+    def compile(self, code: str, label: str = "", clamped: bool = False):
+        """A compute pipeline (entry point `main`, layout from the shader) from WGSL source, with the
+        device's runtime checks (options.shader_checks); `clamped`: the kernel keeps every index within
+        its buffers itself, so the default bounds checks are left out (`all` still checks it)."""
         if "subgroups" in self.features and "enable subgroups;" not in code:
             code = "enable subgroups;\n" + code        # Dawn's WGSL asks for it; wgpu-native's takes none
         try:
-            module = shader_module(self.device, code, label, checks or self.shader_checks)
+            checks = "none" if clamped and self.shader_checks == "bounds" else self.shader_checks
+            module = shader_module(self.device, code, label, checks)
             return self.device.create_compute_pipeline(layout="auto",
                                                        compute={"module": module, "entry_point": "main"},
                                                        label=label)

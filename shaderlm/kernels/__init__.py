@@ -11,8 +11,8 @@ from .wgsl import KERNEL_DIR, load_wgsl
 
 _pipelines: WeakKeyDictionary = WeakKeyDictionary()     # device -> {(kernel, defines): pipeline}
 # kernels that clamp every index they load or store by to the sizes the host allots them, unless one of
-# the defines listed is set (their indices come from data on the GPU): compiled without wgpu-native's
-# bounds checks, which cost the int8 GEMMs part of their loads' time
+# the defines listed is set (their indices come from data on the GPU): compiled as `clamped` (without
+# wgpu-native's default bounds checks, which cost the int8 GEMMs part of their loads' time)
 UNCHECKED = {"matmul_few": (), "matmul_q8": ("EXPERTS",)}
 
 
@@ -27,7 +27,7 @@ def pipeline(dev, kernel: str, **defines):
     pipe = cache.get(key)
     if pipe is None:
         pipe = cache[key] = dev.compile(load_wgsl(kernel, defines), f"{kernel} {defines}",
-                                        checks="none" if unchecked(kernel, defines) else None)
+                                        clamped=unchecked(kernel, defines))
     return pipe
 
 
