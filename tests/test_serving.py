@@ -136,6 +136,70 @@ def test_tuned_batch_shapes_keep_single_stream_tokens(synth_gguf, tmp_path):
         close_cache(m.net.dev)
 
 
+@pytest.mark.parametrize("path", ["tensor-cores", "int8"])
+def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, path):
+    """Serving.tune times each matrix's GEMM tile for decode batches (keys "... batch": the tensor cores'
+    gemm.TC_BATCH_TILES, or the split int8 GEMM's tiles) on the largest step up to 64 rows that takes
+    them, caches the pick and rebuilds the steps with it. Tensor cores: every step from TC_BATCH_ROWS takes
+    the matrix's tile (one key whatever the rows), so a token's logits are the same bits in steps of 8 and
+    12 rows, and within float rounding of the built-in tile's (the K slices differ). Int8: the tile leaves
+    a token's bits as they were. A timer preferring another tile makes the pick visible (matrix
+    operations emulated where the adapter has none; two candidates, as that is slow)."""
+    from shaderlm.gpu import tuner
+    from shaderlm.gpu.device import get_device
+    from shaderlm.kernels.tuning import close_cache, open_cache
+    dev = get_device()
+    if path == "tensor-cores":
+        monkeypatch.setattr(gemm, "TC_EMULATE", not dev.has_int8_matrix)
+        if not dev.has_int8_matrix and not dev.has_subgroups:
+            pytest.skip("emulated once, on an adapter with subgroups")
+        if not gemm.tensor_cores(dev):
+            pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
+        monkeypatch.setattr(gemm, "TC_BATCH_ROWS", 8)        # steps of 8 and 12 rows on the tensor cores
+        monkeypatch.setattr(gemm, "TC_MIN_SLICE", 64)        # K split, in slices that differ by tile
+        other = (128, 64, 256)
+        monkeypatch.setattr(gemm, "TC_BATCH_TILES", (gemm.TC_BATCH_TILE, other))
+    else:
+        monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
+        monkeypatch.setattr(gemm, "FEW_TOKENS", 4)           # steps of 8 and 12 rows on the split int8 GEMM
+        other = gemm.full_tile(gemm.Q8_FEW_TILES[-1])
+
+    def prefer_other(dev, plans, reps, min_s, reset, max_repeat, n=1):
+        for p in plans.values():                             # every candidate builds and runs
+            reset()
+            p.run(n)
+        return {t: 0.5 if t == other else 1.0 + i for i, t in enumerate(plans)}
+    monkeypatch.setattr(tuner, "_timer", prefer_other)
+    model = synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    m = shaderlm.load(model, progress=False, ctx=256, options=Options.from_env().replace(
+        int8_act=True, exact_prefill=False, tune="0"))
+    prompts = {s: random_ids(m.config.vocab_size, 3 + 2 * s, s) for s in range(12)}
+    sv = Serving(m.net, slots=12, seq_ctx=64, tokens_per_submit=2)
+    try:
+        def logits(rows: int) -> np.ndarray:
+            _generate_batched(sv, {s: prompts[s] for s in range(rows)}, 2, k=1)
+            return sv.last_logits(rows)
+        before = logits(12)
+        report = sv.tune(cache_dir=str(tmp_path), reps=1)
+        keys = {d.tune.key for d in sv.decode_plan(12).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)}
+        assert keys and keys <= {r[0] for r in report}, report
+        cache = open_cache(dev, str(tmp_path), reload=True)
+        for rows in (8, 12) if path == "tensor-cores" else (12,):    # every such step rebuilt in its matrix's pick
+            ds = [d for d in sv.decode_plan(rows).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)]
+            assert {d.tune.key for d in ds} == keys
+            for d in ds:
+                assert cache.get(d.tune.key) == other
+                assert any(r.pipeline is d.pipeline for r in d.tune.rebuild(other))
+        after = logits(12)
+        assert np.array_equal(after[:8].view(np.uint32), logits(8).view(np.uint32))
+        if path == "tensor-cores":
+            assert np.abs(after - before).max() <= 1e-4 * np.abs(before).max()
+        else:
+            assert np.array_equal(after.view(np.uint32), before.view(np.uint32))
+    finally:
+        close_cache(dev)
+
+
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0")])
 @pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
 def test_paged_decode_after_long_prompts(synth_gguf, arch, preset, quant, splits):

@@ -94,10 +94,11 @@ def tile_fits(dev, tile, cols: int) -> bool:
             and tile[4] <= dev.limit("max-compute-invocations-per-workgroup", 256) and cols % (32 * tile[2]) == 0)
 
 
-def q8_candidates(dev, cols: int, default) -> list[tuple]:
-    """The tiles the tuner tries for a prompt's int8 GEMM: q8_tile's pick first, then every Q8_TILES tile
-    this adapter runs (K steps of 32 where K needs them). A token's result is the same bits in all of them."""
-    tiles = [full_tile(k_step_fit(t, cols)) for t in Q8_TILES]
+def q8_candidates(dev, cols: int, default, few: bool = False) -> list[tuple]:
+    """The tiles the tuner tries for a prompt's int8 GEMM (with `few`, a decode batch's): q8_tile's pick
+    first, then every Q8_TILES tile (Q8_FEW_TILES first with `few`) this adapter runs (K steps of 32 where
+    K needs them). A token's result is the same bits in all of them."""
+    tiles = [full_tile(k_step_fit(t, cols)) for t in (Q8_FEW_TILES + Q8_TILES if few else Q8_TILES)]
     return list(dict.fromkeys([full_tile(default)] + [t for t in tiles if tile_fits(dev, t, cols)]))
 
 
@@ -240,7 +241,10 @@ TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unus
 # A decode batch of this many rows or more takes matmul_tc, up to TC_BATCH_TILE's tokens in its tiles (a
 # pass over the weights costs about the same whatever the tokens: below this, matmul_q8 and matmul_few win)
 TC_BATCH_ROWS = 48
-TC_BATCH_TILE = (64, 64, 256)       # rows, tokens, threads (8 subgroups of 32 x 16)
+# a decode batch's tiles the tuner tries for each matrix (rows, tokens, threads), the default first (8 subgroups
+# of 32 x 16): the best differs by matrix, and a matrix keeps its tile at every batch size
+TC_BATCH_TILES = ((64, 64, 256), (64, 64, 128), (128, 64, 512), (128, 64, 256))
+TC_BATCH_TILE = TC_BATCH_TILES[0]
 TC_EMULATE = False                  # tests: matmul_tc's matrix operations in plain WGSL, on any adapter (slow)
 TC_SPLIT_BELOW = 128                # a matrix whose tiles make fewer workgroups (a wave or less on a large GPU)
 TC_SPLIT_TARGET = 256               # has K split in slices until they make this many
@@ -270,16 +274,58 @@ def tensor_cores(dev) -> bool:
             and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_TILE[2])
 
 
+def tc_tile_valid(tile) -> bool:
+    """`tile` is a (rows, tokens, threads) matmul_tc builds (a cached decode batch's tile): whole subgroups
+    of 32 rows x 16 tokens or more, and one to eight threads staging a row's K step."""
+    if len(tile) != 3 or not all(0 < v <= 1024 for v in tile):
+        return False
+    bm, bn, wg = tile
+    return (bm % 32 == 0 and bn % 16 == 0 and wg % 32 == 0 and wg % bm == 0 and wg <= 8 * bm
+            and (bm * bn) % (16 * wg) == 0)
+
+
+def tc_tile_fits(dev, tile) -> bool:
+    """The adapter's workgroup memory and threads hold matmul_tc in `tile`."""
+    bm, bn, wg = tile
+    rw = _tc_row_bytes() // 4
+    words = max(2 * bm * rw, 8 * wg) + max(2 * bn * rw, 8 * wg)
+    return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384)
+            and wg <= dev.limit("max-compute-invocations-per-workgroup", 256))
+
+
+def batch_tile_key(key: str) -> bool:
+    """Whether a tuning key is a decode batch's GEMM tile (matmul_tc's or matmul_q8's "... batch")."""
+    return key.startswith(("matmul_tc ", "matmul_q8 ")) and key.endswith(" batch")
+
+
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
               decode_batch: bool = False, **fused) -> list[Dispatch]:
     """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
-    they are staged. A decode batch's slices of K are a function of the matrix alone (its sums are
-    integers until each slice's scaling), so that a token's result is the same in every batch.
+    they are staged. A decode batch (up to TC_BATCH_TILE's tokens) takes the matrix's tuned tile, and
+    its slices of K are a function of the matrix and that tile (its sums are integers until each
+    slice's scaling), so that a token's result is the same in every batch.
     `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
-    bm, bn, wg = TC_BATCH_TILE if decode_batch and max_tokens <= TC_BATCH_TILE[1] else TC_TILE
+    gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+                 from_state_row=from_state_row)
+    if not (decode_batch and max_tokens <= TC_BATCH_TILE[1]):
+        return out + _tc_gemms(dev, w, xq, xd, y, st, tile=TC_TILE, decode_batch=decode_batch, **gemms)
+    key = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} batch"
+    tune = Tunable(key, lambda: [t for t in TC_BATCH_TILES if tc_tile_fits(dev, t)],
+                   lambda s: _tc_gemms(dev, w, xq, xd, y, st, tile=s, decode_batch=True, tune=tune, **gemms))
+    tuned = tuned_shape(dev, key)
+    tile = tuned if tuned is not None and tc_tile_valid(tuned) and tc_tile_fits(dev, tuned) else TC_BATCH_TILE
+    return out + _tc_gemms(dev, w, xq, xd, y, st, tile=tile, decode_batch=True, tune=tune, **gemms)
+
+
+def _tc_gemms(dev, w, xq, xd, y, st, *, tile, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+              decode_batch, tune=None) -> list[Dispatch]:
+    """matmul_tc's dispatches over x's digits (xq, xd) in `tile` (rows, tokens, threads): one a row chunk,
+    and where K is split, the slices' sums."""
+    out = []
+    bm, bn, wg = tile
     rw = _tc_row_bytes() // 4
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens, (bm, bn))
@@ -294,21 +340,24 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         res = [params, st, c.buffer, row_max(dev, w, c), xq, xd, part] + ([bias] if bias is not None and slices == 1 else [])
         gx = cdiv(c.rows, bm)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n, gx=gx, z=slices, bn=bn: (gx, cdiv(n, bn), z),
-                            label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size))
+                            label=f"matmul_tc.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
         if slices > 1:
             out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
-                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias, accumulate=accumulate))
+                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias,
+                                  accumulate=accumulate, tune=tune))
     return out
 
 
-def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from_state_row, bias, accumulate) -> Dispatch:
+def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from_state_row, bias, accumulate,
+               tune=None) -> Dispatch:
     """matmul_split: y (+)= the `slices` partial sums of chunk c's outputs (part_tokens tokens a slice),
-    added in slice order, then the epilogue (bias, accumulate)."""
+    added in slice order, then the epilogue (bias, accumulate). `tune`: the GEMM's Tunable (the tuner
+    rebuilds the two together)."""
     pipe = pipeline(dev, "matmul_split", SPLIT=slices, BIAS=bias is not None, ACCUMULATE=accumulate)
     params = dev.uniform(c.rows, row0 + c.row0, y_stride, part_tokens, int(from_state_row), 0, 0, 0)
     res = [params, st, part, None, None, None, y] + ([bias] if bias is not None else [])
     gx = cdiv(c.rows, 256)
-    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n), label="matmul_split")
+    return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n), label="matmul_split", tune=tune)
 
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
@@ -344,12 +393,14 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
                              run=run, **fused)
     gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
                  from_state_row=from_state_row, decode_batch=decode_batch)
-    if tile is not None or decode_batch:
+    if tile is not None:
         return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, **gemms)
     # keyed by the pass's tokens rounded up to a power of 2: contexts of about the same size share a tuning
+    # (a decode batch's, of its own)
     key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{1 << (max_tokens - 1).bit_length()}"
+    key += " batch" * decode_batch
     default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
-    tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default),
+    tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default, few=decode_batch),
                    lambda s: _q8_gemms(dev, w, xbufs, y, st, tile=s, tune=tune, **gemms))
     tuned = tuned_shape(dev, key)
     tile = tuned if tuned is not None and tile_valid(tuned) and tile_fits(dev, tuned, w.cols) else None
@@ -374,7 +425,8 @@ def _q8_gemms(dev, w, xbufs, y, st, *, tile, max_tokens, y_stride, row0, accumul
                             label=f"matmul_q8.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
         if slices > 1:
             out.append(_split_sum(dev, c, part, y, st, slices=slices, row0=row0, y_stride=y_stride,
-                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias, accumulate=accumulate))
+                                  part_tokens=max_tokens, from_state_row=from_state_row, bias=bias,
+                                  accumulate=accumulate, tune=tune))
     return out
 
 

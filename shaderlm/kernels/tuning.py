@@ -1,5 +1,5 @@
-"""Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles) are kept for an adapter: a
-JSON file per adapter and driver, opened when a model loads with tuning on. Each shape is stamped with
+"""Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles, decode batches' tensor-core
+tiles) are kept for an adapter: a JSON file per adapter and driver, opened when a model loads with tuning on. Each shape is stamped with
 the sources of the kernel it tunes: editing that kernel (or what it includes) drops its shapes alone, so
 only they are tuned again."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ from ..gpu.tuner import ShapeCache
 
 VERSION = 10         # of the cache's meaning (what a shape's fields are and how they are timed)
 # the kernel a tuning key's shape is for, by the key's first word
-TUNED_KERNELS = {"gemv": "gemv", "gemv_pair": "gemv", "matmul_q8": "matmul_q8"}
+TUNED_KERNELS = {"gemv": "gemv", "gemv_pair": "gemv", "matmul_q8": "matmul_q8", "matmul_tc": "matmul_tc"}
 
 _caches: WeakKeyDictionary = WeakKeyDictionary()      # device -> ShapeCache
 
@@ -49,19 +49,23 @@ def cache_path(dev, cache_dir: str | None = None) -> Path:
 def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> ShapeCache:
     """The adapter's shape cache in `cache_dir`, read from disk when first opened (or with `reload`):
     dispatches built from now on take its shapes."""
-    from .gemm import tile_valid
+    from .gemm import tc_tile_valid, tile_valid
     from .gemv import GemvShape
     path = cache_path(dev, cache_dir)
     cache = _caches.get(dev)
     if cache is None or cache.path != path or reload:
-        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s), dev.name, key_stamp)
+        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s) or tc_tile_valid(s),
+                                          dev.name, key_stamp)
     return cache
 
 
 def shape_label(shape) -> str:
-    """A cached shape as `shaderlm tune` shows it: a decode GEMV's, or a prompt GEMM's tile."""
-    from .gemm import tile_label, tile_valid
+    """A cached shape as `shaderlm tune` shows it: a decode GEMV's, a prompt GEMM's tile, or a tensor-core
+    tile (rows x tokens / threads)."""
+    from .gemm import tc_tile_valid, tile_label, tile_valid
     from .gemv import GemvShape
+    if tc_tile_valid(shape):
+        return "{}x{}/{}".format(*shape)
     return tile_label(shape) if tile_valid(shape) else GemvShape.of(shape).label()
 
 

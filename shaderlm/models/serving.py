@@ -130,24 +130,35 @@ class Serving:
     def tune(self, cache_dir=None, force=False, reps=5, log=None, rows: int = 4) -> list:
         """Tune the shapes of the batched decode GEMVs (those taking several tokens a workgroup:
         kernels/gemv.batch_candidates) on a step of `rows` rows, or of the most rows below that the
-        GEMVs run, timed from position 64 (or mid-context) of slots 0.., with pages of their own: at
-        start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
+        GEMVs run, with pages of their own; and each matrix's GEMM tile for a decode batch (tensor cores'
+        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to 64, every slot
+        reading the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
+        0..: at start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
         on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
-        if not on_gemvs or on_gemvs[-1] * self.max_pages > self.n_pages:
-            return []
-        rows, pos0 = on_gemvs[-1], min(self.seq_ctx // 2, 64)
-        for s in range(rows):
-            self.set_own_pages(s)
+        on_gemms = [r for r in BUCKETS if r <= min(gemm.TC_BATCH_TILE[1], self.max_rows) and self.on_gemms(r)]
+        report = []
+        if on_gemvs and on_gemvs[-1] * self.max_pages <= self.n_pages:
+            for s in range(on_gemvs[-1]):
+                self.set_own_pages(s)
+            report += self._tune_step(on_gemvs[-1], batch_key, cache_dir, force, reps, log)
+        big = on_gemms[-1] if on_gemms else 0
+        if big and any(d.tune and gemm.batch_tile_key(d.tune.key) for d in self.decode_plan(big).dispatches):
+            for s in range(big):
+                self.set_pages(s, list(range(self.max_pages)))
+            report += self._tune_step(big, gemm.batch_tile_key, cache_dir, force, reps, log)
+        if report:
+            self._build_decode()
+        return report
+
+    def _tune_step(self, rows: int, only, cache_dir, force, reps, log) -> list:
+        """tune_plan over the decode step of `rows` rows (slots 0..), for the keys `only` accepts."""
+        pos0 = min(self.seq_ctx // 2, 64)
 
         def reset():
             self.dev.write(self.rows, np.arange(rows, dtype=np.uint32))
             self.dev.write(self.seq_pos, np.full(rows, pos0, np.uint32))
-        report = tune_plan(self.dev, self.decode_plan(rows), open_cache(self.dev, cache_dir), force=force, reps=reps,
-                           log=log, reset=reset, max_repeat=max(1, min(64, self.seq_ctx - 1 - pos0)), n=rows,
-                           only=batch_key)
-        if report:
-            self._build_decode()
-        return report
+        return tune_plan(self.dev, self.decode_plan(rows), open_cache(self.dev, cache_dir), force=force, reps=reps,
+                         log=log, reset=reset, max_repeat=max(1, min(64, self.seq_ctx - 1 - pos0)), n=rows, only=only)
 
     # ---- plans -------------------------------------------------------------------------------
     def _paging(self, batched: bool) -> ops.Paging:
