@@ -143,8 +143,8 @@ class Serving:
             report += self._tune_step(on_gemvs[-1], batch_key, cache_dir, force, reps, log)
         big = on_gemms[-1] if on_gemms else 0
         if big and any(d.tune and gemm.batch_tile_key(d.tune.key) for d in self.decode_plan(big).dispatches):
-            for s in range(big):
-                self.set_pages(s, list(range(self.max_pages)))
+            for s in range(big):                # (a table's entries past a small pool's pages stay 0: valid)
+                self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
             report += self._tune_step(big, gemm.batch_tile_key, cache_dir, force, reps, log)
         if report:
             self._build_decode()
