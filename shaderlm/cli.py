@@ -261,16 +261,15 @@ def cmd_tune(args):
     GEMVs, the int8 prompt GEMM's tiles for a full prompt pass, the GEMVs of a serving step of 4
     sequences and, where batches take the int8 GEMMs, each matrix's tile for a step of 64; keep the
     fastest per adapter and print what was chosen."""
-    from .kernels import gemm
     from .kernels.tuning import cache_path, shape_label
+    from .models.serving import TILE_TUNING_ROWS, Serving
     args.ctx = args.ctx or 512                            # room for a full prompt pass (the tiles' key)
     model = _load(args, progress=False, tune=False)       # tuned below, every key
     kw = dict(cache_dir=model.options.cache_dir, force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))
     rows = model.net.tune(**kw)
     # a serving step of 4 sequences (the batch GEMVs' shapes), of 64 with int8 GEMMs (their batch tiles too)
-    slots = min(gemm.TC_BATCH_TILE[1] if model.net.int8_prefill else 4, model.net.batch)
+    slots = min(TILE_TUNING_ROWS if model.net.int8_prefill else 4, model.net.batch)
     if slots >= 4:
-        from .models.serving import Serving
         rows += Serving(model.net, slots=slots, seq_ctx=min(256, model.net.ctx)).tune(**kw)
     print("decode step (or prompt pass) time with each kernel's default shape, then with its best (in\n"
           "order, so the later rows include the earlier choices)")

@@ -268,10 +268,8 @@ def _tc_row_bytes() -> int:
 
 def tensor_cores(dev) -> bool:
     """Whether prompts' GEMMs (and large decode batches') run on matmul_tc: exact int8 subgroup matrices
-    (or TC_EMULATE), and room for its tiles (both digits of W's and of x's)."""
-    return ((dev.has_int8_matrix or TC_EMULATE)
-            and dev.limit("max-compute-workgroup-storage-size", 0) >= 2 * (TC_TILE[0] + TC_TILE[1]) * _tc_row_bytes()
-            and dev.limit("max-compute-invocations-per-workgroup", 0) >= TC_TILE[2])
+    (or TC_EMULATE), and room for its prompt tile."""
+    return (dev.has_int8_matrix or TC_EMULATE) and tc_tile_fits(dev, TC_TILE)
 
 
 def tc_tile_valid(tile) -> bool:
@@ -284,13 +282,18 @@ def tc_tile_valid(tile) -> bool:
             and (bm * bn) % (16 * wg) == 0)
 
 
-def tc_tile_fits(dev, tile) -> bool:
-    """The adapter's workgroup memory and threads hold matmul_tc in `tile`."""
+def _tc_workgroup_words(tile) -> tuple[int, int]:
+    """matmul_tc's workgroup buffers in `tile` (i32 words: WSW, XS): both digits of a K step of W's rows and
+    of x's tokens, or after the loop its subgroups' sums, whichever is more."""
     bm, bn, wg = tile
     rw = _tc_row_bytes() // 4
-    words = max(2 * bm * rw, 8 * wg) + max(2 * bn * rw, 8 * wg)
-    return (4 * words <= dev.limit("max-compute-workgroup-storage-size", 16384)
-            and wg <= dev.limit("max-compute-invocations-per-workgroup", 256))
+    return max(2 * bm * rw, 8 * wg), max(2 * bn * rw, 8 * wg)
+
+
+def tc_tile_fits(dev, tile) -> bool:
+    """The adapter's workgroup memory and threads hold matmul_tc in `tile`."""
+    return (4 * sum(_tc_workgroup_words(tile)) <= dev.limit("max-compute-workgroup-storage-size", 0)
+            and tile[2] <= dev.limit("max-compute-invocations-per-workgroup", 0))
 
 
 def batch_tile_key(key: str) -> bool:
@@ -327,12 +330,13 @@ def _tc_gemms(dev, w, xq, xd, y, st, *, tile, max_tokens, y_stride, row0, accumu
     out = []
     bm, bn, wg = tile
     rw = _tc_row_bytes() // 4
+    wsw, xs = _tc_workgroup_words(tile)
     for c in w.chunks:
         slices = tc_slices(c.rows, w.cols, bn if decode_batch else max_tokens, (bm, bn))
         kw = dict(BIAS=bias is not None, ACCUMULATE=accumulate) if slices == 1 else dict(PARTIALS=True)
         pipe = pipeline(dev, "matmul_tc", QUANT=w.qtype.kernel, W4=w.qtype.raw8, **kw, SPLIT=slices, WG=wg,
                         BM=bm, BN=bn, NJ=bm * bn // (16 * wg), EW=TC_K_STEP // 8 * bm // wg,
-                        XV=cdiv(TC_K_STEP // 8 * bn, wg), WSW=max(2 * bm * rw, 8 * wg), XS=max(2 * bn * rw, 8 * wg),
+                        XV=cdiv(TC_K_STEP // 8 * bn, wg), WSW=wsw, XS=xs,
                         RS=4 * rw, EMULATE=TC_EMULATE, KS=TC_K_STEP, KU=TC_K_STEP // 32, TAIL=w.cols % TC_K_STEP != 0)
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row),
                              max_tokens * w.cols // 4, max_tokens)

@@ -1,7 +1,7 @@
-"""Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles, decode batches' tensor-core
-tiles) are kept for an adapter: a JSON file per adapter and driver, opened when a model loads with tuning on. Each shape is stamped with
-the sources of the kernel it tunes: editing that kernel (or what it includes) drops its shapes alone, so
-only they are tuned again."""
+"""Where the tuned kernel shapes (the decode GEMVs', the prompt GEMM's tiles, decode batches' GEMM tiles)
+are kept for an adapter: a JSON file per adapter and driver, opened when a model loads with tuning on.
+Each shape is stamped with the sources of the kernel it tunes: editing that kernel (or what it includes)
+drops its shapes alone, so only they are tuned again."""
 from __future__ import annotations
 
 import functools

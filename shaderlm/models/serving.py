@@ -40,6 +40,8 @@ BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # batches of this many rows or more take the int8 batch matmuls (each weight read and decoded once for all
 # rows) instead of the decode GEMVs (each row's own int8 conversion and dots, weights re-read through L2)
 GEMM_ROWS = 8
+# the step Serving.tune times decode batches' GEMM tiles on (the tensor cores' batch tiles hold this many tokens)
+TILE_TUNING_ROWS = gemm.TC_BATCH_TILE[1]
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
@@ -131,11 +133,11 @@ class Serving:
         """Tune the shapes of the batched decode GEMVs (those taking several tokens a workgroup:
         kernels/gemv.batch_candidates) on a step of `rows` rows, or of the most rows below that the
         GEMVs run, with pages of their own; and each matrix's GEMM tile for a decode batch (tensor cores'
-        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to 64, every slot
+        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to TILE_TUNING_ROWS, every slot
         reading the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
         0..: at start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
         on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
-        on_gemms = [r for r in BUCKETS if r <= min(gemm.TC_BATCH_TILE[1], self.max_rows) and self.on_gemms(r)]
+        on_gemms = [r for r in BUCKETS if r <= min(TILE_TUNING_ROWS, self.max_rows) and self.on_gemms(r)]
         report = []
         if on_gemvs and on_gemvs[-1] * self.max_pages <= self.n_pages:
             for s in range(on_gemvs[-1]):
