@@ -19,21 +19,27 @@ def _random_ids(model, n: int, seed: int = 0) -> list[int]:
     return np.random.default_rng(seed).integers(0, model.net.vocab_size, n).tolist()
 
 
+WARM_S = 1.0            # seconds of passes before a prompt's timed ones
+
+
 def bench_prompt(model, n: int, reps: int, depth: int = 0) -> list[float]:
     """Prefill tok/s of n tokens after `depth` tokens already in the KV cache (llama-bench's -d)."""
     net = model.net
     ids = _random_ids(model, n)
     if depth:
         net.prefill(_random_ids(model, depth, 1), 0, sample=False)
-    out = []
-    for r in range(reps + 1):
+    def once() -> float:
         t0 = time.perf_counter()
         net.prefill(ids, depth, sample=True)
         net.read_tokens(depth + n, 1)
-        dt = time.perf_counter() - t0
-        if r:                                   # the first run warms pipelines and caches
-            out.append(n / dt)
-    return out
+        return time.perf_counter() - t0
+    # warm pipelines, caches and the GPU's clocks: an idle GPU clocks down, and a small model's passes are
+    # too short to bring them up in a single run
+    t_end = time.perf_counter() + WARM_S
+    once()
+    while time.perf_counter() < t_end:
+        once()
+    return [n / once() for _ in range(reps)]
 
 
 def bench_gen(model, n: int, reps: int, depth: int = 0) -> tuple[list[float], list[float]]:

@@ -164,6 +164,48 @@ def test_prompt_gemm_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch, tmp_p
     assert np.array_equal(tuned.view(np.uint32), builtin.view(np.uint32))
 
 
+def test_tensor_core_prompt_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch, tmp_path):
+    """On the tensor cores (their matrix operations emulated where the adapter has none), tuning picks each
+    prompt GEMM's tile from gemm.TC_PROMPT_TILES over a whole pass, caches it under the pass's tokens, and
+    every plan holding a prompt's GEMMs is rebuilt with it. K is not split at these sizes, so a prompt's
+    logits are the same bits as in the built-in tile (sums are integers until each output is scaled)."""
+    dev = tuning
+    monkeypatch.setattr(gemm, "TC_EMULATE", not dev.has_int8_matrix)
+    if not dev.has_int8_matrix and not dev.has_subgroups:
+        pytest.skip("emulated once, on an adapter with subgroups")
+    if not gemm.tensor_cores(dev):
+        pytest.skip("the tensor-core GEMM's tiles do not fit this adapter")
+    monkeypatch.setenv("SHADERLM_EXACT_PREFILL", "0")
+    other = gemm.TC_PROMPT_TILES[-1]
+    monkeypatch.setattr(gemm, "TC_PROMPT_TILES", (gemm.TC_TILE, other))     # two candidates: emulated is slow
+    monkeypatch.setattr(gemm, "TC_MIN_TOKENS", 64)                          # passes of 64 tokens on them
+
+    def prefer_other(dev, plans, reps, min_s, reset, max_repeat, n=1):
+        for p in plans.values():                     # every candidate builds and runs
+            reset()
+            p.run(n)
+        return {s: 0.5 if s == other else 1.0 + i for i, s in enumerate(plans)}
+    monkeypatch.setattr(tuner, "_timer", prefer_other)
+    path = synth_gguf(seed=2, **CASE)
+    n = 64
+    m = shaderlm.load(path, progress=False, ctx=n, batch=n)
+    shapes = json.loads(shape_cache.cache_path(dev, str(tmp_path)).read_text())["shapes"]
+    keys = {k for k in shapes if k.startswith("matmul_tc ")}
+    assert keys and all(k.endswith(f" t{n}") and tuple(shapes[k]) == other for k in keys), shapes
+    net = m.net
+    for plan in (net.plan_prefill[False], net.plan_prefill_sample[False], net.plan_logits):
+        tc = [x for x in plan.dispatches if x.label.startswith("matmul_tc") and x.tune.key in keys]
+        assert {x.tune.key for x in tc} == keys, plan      # (plan_logits' LM head over every row: built-in)
+        for x in tc:
+            rows = int(x.tune.key.split()[2].split("x")[0])
+            assert x.grid(n) == (-(-rows // other[0]), n // other[1], 1), (plan, x.tune.key)
+    ids = np.random.default_rng(3).integers(0, m.config.vocab_size, 60).tolist()
+    tuned = m.logits(ids)
+    monkeypatch.setenv("SHADERLM_TUNE", "0")          # the built-in tiles
+    builtin = shaderlm.load(path, progress=False, ctx=n, batch=n).logits(ids)
+    assert np.array_equal(tuned.view(np.uint32), builtin.view(np.uint32))
+
+
 def test_editing_a_kernel_drops_only_its_shapes(tmp_path, monkeypatch):
     """Each cached shape carries the stamp of its kernel's sources, includes and all (wgsl.sources): on
     load, the shapes of a kernel whose sources changed are dropped, to be tuned again, and the others

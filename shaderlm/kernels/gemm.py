@@ -236,6 +236,9 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
 
 
 TC_TILE = (128, 128, 512)           # matmul_tc.wgsl's rows, tokens and threads (16 subgroups of 32 x 32) for a prompt
+# a prompt's tiles the tuner tries for each matrix, the default first: smaller ones leave more workgroups
+# where a matrix has few rows (a small model's)
+TC_PROMPT_TILES = (TC_TILE, (64, 128, 256), (128, 64, 512), (64, 64, 256))
 TC_K_STEP = 64                      # elements of K it stages at once (a last half step is zeros)
 TC_MIN_TOKENS = 128                 # fewer leave most of a tile's products unused: matmul_q8 takes them
 # A decode batch of this many rows or more takes matmul_tc, up to TC_BATCH_TILE's tokens in its tiles (a
@@ -305,22 +308,27 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
               decode_batch: bool = False, **fused) -> list[Dispatch]:
     """The GEMM on tensor cores (matmul_tc.wgsl; the device's has_int8_matrix): x rounded to two int8
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
-    they are staged. A decode batch (up to TC_BATCH_TILE's tokens) takes the matrix's tuned tile, and
-    its slices of K are a function of the matrix and that tile (its sums are integers until each
+    they are staged. A prompt takes the matrix's tuned tile for its pass's tokens; a decode batch (up to
+    TC_BATCH_TILE's tokens) the matrix's tuned batch tile, and its slices of K are a function of the
+    matrix and that tile (its sums are integers until each
     slice's scaling), so that a token's result is the same in every batch.
     `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
     gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
                  from_state_row=from_state_row)
-    if not (decode_batch and max_tokens <= TC_BATCH_TILE[1]):
-        return out + _tc_gemms(dev, w, xq, xd, y, st, tile=TC_TILE, decode_batch=decode_batch, **gemms)
-    key = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} batch"
-    tune = Tunable(key, lambda: [t for t in TC_BATCH_TILES if tc_tile_fits(dev, t)],
-                   lambda s: _tc_gemms(dev, w, xq, xd, y, st, tile=s, decode_batch=True, tune=tune, **gemms))
+    if decode_batch and max_tokens > TC_BATCH_TILE[1]:
+        return out + _tc_gemms(dev, w, xq, xd, y, st, tile=TC_TILE, decode_batch=True, **gemms)
+    if decode_batch:
+        key, tiles, default = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} batch", TC_BATCH_TILES, TC_BATCH_TILE
+    else:       # a prompt's, keyed by its pass's tokens rounded up to a power of 2 (as matmul_q8's)
+        key = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} t{1 << (max_tokens - 1).bit_length()}"
+        tiles, default = TC_PROMPT_TILES, TC_TILE
+    tune = Tunable(key, lambda: [t for t in tiles if tc_tile_fits(dev, t)],
+                   lambda s: _tc_gemms(dev, w, xq, xd, y, st, tile=s, decode_batch=decode_batch, tune=tune, **gemms))
     tuned = tuned_shape(dev, key)
-    tile = tuned if tuned is not None and tc_tile_valid(tuned) and tc_tile_fits(dev, tuned) else TC_BATCH_TILE
-    return out + _tc_gemms(dev, w, xq, xd, y, st, tile=tile, decode_batch=True, tune=tune, **gemms)
+    tile = tuned if tuned is not None and tc_tile_valid(tuned) and tc_tile_fits(dev, tuned) else default
+    return out + _tc_gemms(dev, w, xq, xd, y, st, tile=tile, decode_batch=decode_batch, tune=tune, **gemms)
 
 
 def _tc_gemms(dev, w, xq, xd, y, st, *, tile, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
