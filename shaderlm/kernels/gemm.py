@@ -255,6 +255,12 @@ TC_MIN_SLICE = 512                  # elements of K a slice at least
 TC_PARTIALS = 2 * TC_SPLIT_TARGET * TC_TILE[0] * TC_TILE[1]    # partial sums a split GEMM holds at most
 
 
+def tuning_tokens(tokens: int) -> int:
+    """A pass's tokens as a prompt GEMM's tuning key counts them: rounded up to a power of 2, so that
+    contexts of about the same size share a tuning."""
+    return 1 << (tokens - 1).bit_length()
+
+
 def tc_slices(rows: int, cols: int, tokens: int, tile: tuple = TC_TILE) -> int:
     """How many slices of K matmul_tc splits a matrix into for `tokens` tokens in tiles of `tile`'s rows x
     tokens (their sums added in order by matmul_split): 1 unless its tiles make under TC_SPLIT_BELOW
@@ -310,8 +316,8 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     digits on one grid a token, the weights decoded to theirs (one grid a row, weights.row_max) as
     they are staged. A prompt takes the matrix's tuned tile for its pass's tokens; a decode batch (up to
     TC_BATCH_TILE's tokens) the matrix's tuned batch tile, and its slices of K are a function of the
-    matrix and that tile (its sums are integers until each
-    slice's scaling), so that a token's result is the same in every batch.
+    matrix and that tile (its sums are integers until each slice's scaling), so that a token's result
+    is the same in every batch.
     `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, (xq, xd) = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                                 run=32, digits=True, **fused)
@@ -321,8 +327,8 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         return out + _tc_gemms(dev, w, xq, xd, y, st, tile=TC_TILE, decode_batch=True, **gemms)
     if decode_batch:
         key, tiles, default = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} batch", TC_BATCH_TILES, TC_BATCH_TILE
-    else:       # a prompt's, keyed by its pass's tokens rounded up to a power of 2 (as matmul_q8's)
-        key = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} t{1 << (max_tokens - 1).bit_length()}"
+    else:
+        key = f"matmul_tc {w.qtype.name} {w.rows}x{w.cols} t{tuning_tokens(max_tokens)}"
         tiles, default = TC_PROMPT_TILES, TC_TILE
     tune = Tunable(key, lambda: [t for t in tiles if tc_tile_fits(dev, t)],
                    lambda s: _tc_gemms(dev, w, xq, xd, y, st, tile=s, decode_batch=decode_batch, tune=tune, **gemms))
@@ -407,9 +413,7 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
                  from_state_row=from_state_row, decode_batch=decode_batch)
     if tile is not None:
         return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, **gemms)
-    # keyed by the pass's tokens rounded up to a power of 2: contexts of about the same size share a tuning
-    # (a decode batch's, of its own)
-    key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{1 << (max_tokens - 1).bit_length()}"
+    key = f"matmul_q8 {w.qtype.name} {w.rows}x{w.cols} t{tuning_tokens(max_tokens)}"
     key += " batch" * decode_batch
     default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
     tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default, few=decode_batch),
