@@ -30,6 +30,14 @@ def tuning(monkeypatch, tmp_path):
     yield get_device()
 
 
+def cached_shapes(dev, cache_dir) -> dict:
+    """The shapes of the adapter's cache file, each checked to carry its kernel's source stamp (a key whose
+    first word tuning.TUNED_KERNELS does not know would never be dropped when its kernel changes)."""
+    data = json.loads(shape_cache.cache_path(dev, str(cache_dir)).read_text())
+    assert all(data["sources"].get(k) == shape_cache.key_stamp(k) != "" for k in data["shapes"]), data["sources"]
+    return data["shapes"]
+
+
 def _fast_timer(timer):
     """The real timer with one sample per candidate and no minimum duration (lavapipe is slow)."""
     calls = []
@@ -58,8 +66,7 @@ def test_tunes_once_then_uses_the_cache(tuning, synth_gguf, tmp_path):
             rounds.append([n])
     assert len(rounds) == len(keys) and any(len(r) == 3 for r in rounds), calls
     assert all(2 <= r[1] <= min(r[0], 1 + tuner.FINALISTS) for r in rounds), calls
-    cache = shape_cache.cache_path(dev, str(tmp_path))
-    shapes = json.loads(cache.read_text())["shapes"]
+    shapes = cached_shapes(dev, tmp_path)
     assert set(shapes) == keys
     # timing ran decode steps (each advances the position) from a reset start, never past the context
     pos = int(m.device.read(m.net.state, np.uint32, 0, 16)[0])
@@ -142,7 +149,7 @@ def test_prompt_gemm_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch, tmp_p
     path = synth_gguf(seed=2, **CASE)
     m = shaderlm.load(path, progress=False, ctx=64, batch=48)
     net = m.net
-    shapes = json.loads(shape_cache.cache_path(dev, str(tmp_path)).read_text())["shapes"]
+    shapes = cached_shapes(dev, tmp_path)
     prompt_keys = {k for k in shapes if k.startswith("matmul_q8 ")}
     # keyed by the pass's 48 tokens rounded up to a power of 2
     assert prompt_keys and all(k.endswith(" t64") for k in prompt_keys), shapes
@@ -189,7 +196,7 @@ def test_tensor_core_prompt_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch
     path = synth_gguf(seed=2, **CASE)
     n = 64
     m = shaderlm.load(path, progress=False, ctx=n, batch=n)
-    shapes = json.loads(shape_cache.cache_path(dev, str(tmp_path)).read_text())["shapes"]
+    shapes = cached_shapes(dev, tmp_path)
     keys = {k for k in shapes if k.startswith("matmul_tc ")}
     assert keys and all(k.endswith(f" t{n}") and tuple(shapes[k]) == other for k in keys), shapes
     net = m.net

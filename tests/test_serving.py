@@ -147,7 +147,7 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
     operations emulated where the adapter has none; two candidates, as that is slow)."""
     from shaderlm.gpu import tuner
     from shaderlm.gpu.device import get_device
-    from shaderlm.kernels.tuning import close_cache, open_cache
+    from shaderlm.kernels.tuning import close_cache, key_stamp, open_cache
     dev = get_device()
     if path == "tensor-cores":
         monkeypatch.setattr(gemm, "TC_EMULATE", not dev.has_int8_matrix)
@@ -183,6 +183,7 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         report = sv.tune(cache_dir=str(tmp_path), reps=1)
         keys = {d.tune.key for d in sv.decode_plan(12).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)}
         assert keys and keys <= {r[0] for r in report}, report
+        assert all(key_stamp(k) for k in keys)          # editing the kernel drops these shapes
         cache = open_cache(dev, str(tmp_path), reload=True)
         for rows in (8, 12) if path == "tensor-cores" else (12,):    # every such step rebuilt in its matrix's pick
             ds = [d for d in sv.decode_plan(rows).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)]
