@@ -14,6 +14,7 @@ from shaderlm.kernels import gemm
 from shaderlm.kernels import tuning as shape_cache
 
 from synth_models import check_logits
+from tuning_timers import preferring
 
 CASE = dict(preset="tiny", quant="Q4_K_M")
 
@@ -186,13 +187,7 @@ def test_tensor_core_prompt_tiles_tuned_and_used(tuning, synth_gguf, monkeypatch
     other = gemm.TC_PROMPT_TILES[-1]
     monkeypatch.setattr(gemm, "TC_PROMPT_TILES", (gemm.TC_TILE, other))     # two candidates: emulated is slow
     monkeypatch.setattr(gemm, "TC_MIN_TOKENS", 64)                          # passes of 64 tokens on them
-
-    def prefer_other(dev, plans, reps, min_s, reset, max_repeat, n=1):
-        for p in plans.values():                     # every candidate builds and runs
-            reset()
-            p.run(n)
-        return {s: 0.5 if s == other else 1.0 + i for i, s in enumerate(plans)}
-    monkeypatch.setattr(tuner, "_timer", prefer_other)
+    monkeypatch.setattr(tuner, "_timer", preferring(other))
     path = synth_gguf(seed=2, **CASE)
     n = 64
     m = shaderlm.load(path, progress=False, ctx=n, batch=n)

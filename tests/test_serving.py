@@ -15,6 +15,7 @@ from shaderlm.engine.requests import Request
 from shaderlm.models.serving import Serving
 
 from fake_engine import running_server
+from tuning_timers import preferring
 
 try:
     from synth_models import random_ids
@@ -163,13 +164,7 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
         monkeypatch.setattr(gemm, "FEW_TOKENS", 4)           # steps of 8 and 12 rows on the split int8 GEMM
         other = gemm.full_tile(gemm.Q8_FEW_TILES[-1])
-
-    def prefer_other(dev, plans, reps, min_s, reset, max_repeat, n=1):
-        for p in plans.values():                             # every candidate builds and runs
-            reset()
-            p.run(n)
-        return {t: 0.5 if t == other else 1.0 + i for i, t in enumerate(plans)}
-    monkeypatch.setattr(tuner, "_timer", prefer_other)
+    monkeypatch.setattr(tuner, "_timer", preferring(other))
     model = synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M")
     m = shaderlm.load(model, progress=False, ctx=256, options=Options.from_env().replace(
         int8_act=True, exact_prefill=False, tune="0"))
