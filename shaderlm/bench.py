@@ -28,6 +28,7 @@ def bench_prompt(model, n: int, reps: int, depth: int = 0) -> list[float]:
     ids = _random_ids(model, n)
     if depth:
         net.prefill(_random_ids(model, depth, 1), 0, sample=False)
+
     def once() -> float:
         t0 = time.perf_counter()
         net.prefill(ids, depth, sample=True)
