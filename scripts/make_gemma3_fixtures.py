@@ -70,7 +70,8 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from make_reference_fixtures import first_divergence, full_logits, greedy, sha256_of, topk_rows  # noqa: E402
+from make_reference_fixtures import (LargestLogit, Reference, common_meta, full_logits,  # noqa: E402
+                                     greedy_departures, perturbation_study, sha256_of)
 
 DEFAULT_OUT = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "gemma3_reference.npz"
 N_GEN = 24
@@ -212,108 +213,55 @@ def main() -> None:
 
     prompts = render_prompts(tok)
     arrays: dict[str, np.ndarray] = {}
-    seqs = {}          # name -> prompt + greedy ids (for the perturbation runs)
-    ref_full = {}      # name -> float32 logits over seqs[name][:-1]
-    max_abs_logit = max_abs_last = 0.0
-    max_at = ""
+    refs = {}          # name -> Reference
+    largest = LargestLogit()
     print(f"\n{'prompt':14} {'T':>4}  greedy continuation")
     for name, kind, content, text, ids in prompts:
-        T = len(ids)
-        logits = full_logits(torch, model, ids)
-        assert logits.shape == (T, vocab) and logits.dtype == np.float32
-        top_ids, top_vals, nxt = topk_rows(logits, TOPK)
-
-        gen, step_logits = greedy(torch, model, ids, N_GEN)
-        # The cached greedy loop against one uncached pass over prompt + continuation.
-        seq = ids + gen
-        recomputed = full_logits(torch, model, seq[:-1])
-        cache_vs_full = float(np.abs(recomputed[T - 1:] - step_logits).max())
-        assert cache_vs_full < 1e-3, (name, cache_vs_full)
-        assert np.abs(recomputed[:T] - logits).max() < 1e-3
-        assert [int(i) for i in recomputed[T - 1:].argmax(-1)] == gen, name
-        assert np.abs(step_logits[0] - logits[-1]).max() < 1e-3
-
-        g_ids, g_vals, g_next = topk_rows(step_logits, TOPK)
-        margin = (g_vals[:, 0] - g_vals[:, 1]).astype(np.float32)
-        last_q = quantize_logits(logits[-1])
-        assert np.abs(last_q * Q_STEP - logits[-1]).max() <= Q_STEP / 2 + 1e-6
-
-        arrays.update({
-            f"{name}__kind": np.array(kind),
-            f"{name}__content": np.array(content),
-            f"{name}__text": np.array(text),
-            f"{name}__prompt_ids": np.array(ids, dtype=np.int32),
-            f"{name}__last_logits_q": last_q,
-            f"{name}__top8_ids": top_ids,
-            f"{name}__top8_logits": top_vals,
-            f"{name}__next_logit": nxt,
-            f"{name}__greedy_ids": np.array(gen, dtype=np.int32),
-            f"{name}__greedy_margin": margin,
-            f"{name}__greedy_top8_ids": g_ids,
-            f"{name}__greedy_top8_logits": g_vals,
-            f"{name}__greedy_next_logit": g_next,
-        })
-        seqs[name] = seq
-        ref_full[name] = recomputed
-        a = np.abs(recomputed)
-        if a.max() > max_abs_logit:
-            max_abs_logit, max_at = float(a.max()), f"{name} position {int(a.max(-1).argmax())}"
-        max_abs_last = max(max_abs_last, float(a[T - 1].max()))
-        print(f"{name:14} {T:4d}  cache-vs-uncached {cache_vs_full:.1e}; smallest margin {margin.min():.3f} "
-              f"(step {int(margin.argmin())}): {tok.decode(gen)!r}")
+        ref = refs[name] = Reference(torch, model, ids, N_GEN, TOPK)
+        last_q = quantize_logits(ref.last_logits)
+        assert np.abs(last_q * Q_STEP - ref.last_logits).max() <= Q_STEP / 2 + 1e-6
+        arrays.update({f"{name}__kind": np.array(kind), f"{name}__content": np.array(content),
+                       **ref.arrays(name, text), f"{name}__last_logits_q": last_q,
+                       f"{name}__greedy_next_logit": ref.g_next})
+        largest.add(name, ref)
+        print(f"{name:14} {len(ids):4d}  cache-vs-uncached {ref.cache_vs_full:.1e}; smallest margin "
+              f"{ref.margin.min():.3f} (step {int(ref.margin.argmin())}): {tok.decode(ref.gen)!r}")
 
     # ---- eager vs sdpa (both float32) -------------------------------------------------------------------
     model.config._attn_implementation = "sdpa"
     for layer in model.model.layers:
         layer.self_attn.config._attn_implementation = "sdpa"
-    d_sdpa = max(float(np.abs(full_logits(torch, model, seqs[n][:-1]) - ref_full[n]).max()) for n in seqs)
+    d_sdpa = max(float(np.abs(full_logits(torch, model, r.seq[:-1]) - r.recomputed).max()) for r in refs.values())
     model.config._attn_implementation = "eager"
     for layer in model.model.layers:
         layer.self_attn.config._attn_implementation = "eager"
     print(f"\neager vs sdpa attention: max |logit diff| {d_sdpa:.2e}")
 
     # ---- the sliding window matters for the long prompt -------------------------------------------------
-    long_name = "long"
-    T_long = len(arrays[f"{long_name}__prompt_ids"])
+    long = refs["long"]
+    T_long = len(long.ids)
     assert T_long > cfg.sliding_window + 16, T_long
     sw = [layer.self_attn.sliding_window for layer in model.model.layers]
     for layer in model.model.layers:
         layer.self_attn.sliding_window = None
     saved_sw, cfg.sliding_window = cfg.sliding_window, 10 ** 6     # masks are built from the config
-    nowin = full_logits(torch, model, seqs[long_name][:-1])
+    nowin = full_logits(torch, model, long.seq[:-1])
     cfg.sliding_window = saved_sw
     for layer, w in zip(model.model.layers, sw):
         layer.self_attn.sliding_window = w
-    again = full_logits(torch, model, seqs[long_name][:-1])
-    assert np.array_equal(again, ref_full[long_name]), "the window did not come back"
-    dwin = np.abs(nowin.astype(np.float64) - ref_full[long_name]).max(-1)
+    again = full_logits(torch, model, long.seq[:-1])
+    assert np.array_equal(again, long.recomputed), "the window did not come back"
+    dwin = np.abs(nowin.astype(np.float64) - long.recomputed).max(-1)
     win_inside = float(dwin[:saved_sw].max())
     win_min_past = float(dwin[saved_sw:].min())
     win_last = float(dwin[T_long - 1])
     print(f"sliding window off, long prompt: max |logit diff| at positions < {saved_sw}: {win_inside:.2e}; "
           f"at positions >= {saved_sw}: min {win_min_past:.3f} max {dwin[saved_sw:].max():.3f}; "
           f"last prompt position {win_last:.3f}; greedy argmax at the last prompt position "
-          f"{int(nowin[T_long - 1].argmax())} vs {int(ref_full[long_name][T_long - 1].argmax())}")
+          f"{int(nowin[T_long - 1].argmax())} vs {int(long.recomputed[T_long - 1].argmax())}")
     del nowin, again
 
     # ---- how far do plausible numerical differences move the logits? -------------------------------------
-    def study(label, run):
-        """max |logit diff| vs the float32 reference: all positions x vocab, last prompt position x vocab,
-        reference top-8 at all positions, change of a difference between two reference top-8 logits."""
-        worst = np.zeros(4)
-        for name, _, _, _, ids in prompts:
-            got = run(seqs[name][:-1])
-            ref = ref_full[name]
-            d = got.astype(np.float64) - ref.astype(np.float64)
-            del got
-            top = np.argsort(-ref, axis=-1, kind="stable")[:, :TOPK]
-            dt = np.take_along_axis(d, top, axis=-1)
-            worst = np.maximum(worst, [np.abs(d).max(), np.abs(d[len(ids) - 1]).max(), np.abs(dt).max(),
-                                       (dt.max(-1) - dt.min(-1)).max()])
-            del d
-        print(f"  {label:32} {worst[0]:9.4f} {worst[1]:9.4f} {worst[2]:9.4f} {worst[3]:9.4f}")
-        return worst
-
     eager = modeling_gemma3.eager_attention_forward
 
     class KVf16:
@@ -347,10 +295,8 @@ def main() -> None:
             if self.handle is not None:
                 self.handle.remove()
 
-    print(f"\nlargest |logit| over all prompts and continuations: {max_abs_logit:.2f} ({max_at}); "
-          f"at the last prompt positions: {max_abs_last:.2f}")
-    print("perturbation study: max |logit - float32 reference| over prompt + continuation")
-    print(f"  {'':32} {'all/vocab':>9} {'last/vocab':>9} {'all/top-8':>9} {'top-8 pair':>9}")
+    largest.report()
+    study = perturbation_study(refs, TOPK)
     m64 = copy.deepcopy(model).to(torch.float64)
     d64 = study("float64 weights/activations", lambda s: full_logits(torch, m64, s))
     del m64
@@ -360,36 +306,15 @@ def main() -> None:
         d16r = study("f16 K/V + cos/sin noise 2^-11", lambda s: full_logits(torch, model, s))
 
     print("greedy with f16 K/V vs float32 greedy:")
-    f16_same = []
     with KVf16():
-        for name, _, _, _, ids in prompts:
-            gen16, _ = greedy(torch, model, ids, N_GEN)
-            ref = [int(t) for t in arrays[f"{name}__greedy_ids"]]
-            i = first_divergence(ref, gen16)
-            margin = arrays[f"{name}__greedy_margin"]
-            f16_same.append(i is None)
-            if i is None:
-                print(f"  {name:14} identical for all {N_GEN} steps (smallest margin {margin.min():.4f})")
-            else:
-                print(f"  {name:14} first differs at step {i} (reference margin there {margin[i]:.4f})")
+        f16_same = greedy_departures(torch, model, refs, N_GEN, 14)
 
+    arrays["names"] = np.array([p[0] for p in prompts])
+    arrays.update(common_meta(torch, transformers, fname, digest, vocab, N_GEN, largest, d64, d16, d16r))
     arrays.update({
-        "names": np.array([p[0] for p in prompts]),
-        "meta__gguf_file": np.array(fname),
-        "meta__gguf_sha256": np.array(digest),
-        "meta__transformers_version": np.array(transformers.__version__),
-        "meta__torch_version": np.array(torch.__version__),
-        "meta__numpy_version": np.array(np.__version__),
         "meta__chat_template": np.array(CHAT_TEMPLATE),
-        "meta__vocab_size": np.array(vocab, dtype=np.int64),
-        "meta__n_gen": np.array(N_GEN, dtype=np.int64),
         "meta__logit_q_step": np.array(Q_STEP, dtype=np.float64),
-        "meta__max_abs_logit": np.array(max_abs_logit, dtype=np.float32),
         "meta__diff_sdpa": np.array(d_sdpa, dtype=np.float32),
-        # see study(): [all positions x vocab, last prompt position x vocab, all positions x top-8, top-8 pair]
-        "meta__diff_float64": np.array(d64, dtype=np.float32),
-        "meta__diff_f16kv": np.array(d16, dtype=np.float32),
-        "meta__diff_f16kv_rope_noise": np.array(d16r, dtype=np.float32),
         "meta__greedy_f16kv_identical": np.array(f16_same),
         # long prompt with the sliding window switched off: max |logit diff| at positions < 512, the
         # smallest per-position max at positions >= 512, and at the last prompt position

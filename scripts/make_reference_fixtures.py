@@ -185,6 +185,120 @@ def first_divergence(a: list[int], b: list[int]) -> int | None:
     return None
 
 
+class Reference:
+    """One prompt through the reference model: its logits at every position and their top-k, the greedy
+    continuation from the cached loop, and one uncached pass over prompt + continuation that checks it
+    (every generated token the argmax of the recomputed logits, the logits in agreement)."""
+
+    def __init__(self, torch, model, ids: list[int], n_gen: int, k: int):
+        T, vocab = len(ids), model.config.vocab_size
+        logits = full_logits(torch, model, ids)
+        assert logits.shape == (T, vocab) and logits.dtype == np.float32
+        self.ids, self.last_logits = ids, logits[-1]
+        self.top_ids, self.top_vals, self.next_logit = topk_rows(logits, k)
+        self.gen, step_logits = greedy(torch, model, ids, n_gen)
+        self.seq = ids + self.gen
+        self.recomputed = full_logits(torch, model, self.seq[:-1])
+        self.cache_vs_full = float(np.abs(self.recomputed[T - 1:] - step_logits).max())
+        assert self.cache_vs_full < 1e-3, self.cache_vs_full
+        assert np.abs(self.recomputed[:T] - logits).max() < 1e-3
+        assert [int(i) for i in self.recomputed[T - 1:].argmax(-1)] == self.gen
+        assert np.abs(step_logits[0] - logits[-1]).max() < 1e-3
+        self.g_ids, self.g_vals, self.g_next = topk_rows(step_logits, k)
+        self.margin = (self.g_vals[:, 0] - self.g_vals[:, 1]).astype(np.float32)
+
+    def arrays(self, name: str, text: str) -> dict:
+        """The fixture's arrays of this prompt that both models' fixtures hold."""
+        return {
+            f"{name}__text": np.array(text),
+            f"{name}__prompt_ids": np.array(self.ids, dtype=np.int32),
+            f"{name}__top8_ids": self.top_ids,
+            f"{name}__top8_logits": self.top_vals,
+            f"{name}__next_logit": self.next_logit,
+            f"{name}__greedy_ids": np.array(self.gen, dtype=np.int32),
+            f"{name}__greedy_margin": self.margin,
+            f"{name}__greedy_top8_ids": self.g_ids,
+            f"{name}__greedy_top8_logits": self.g_vals,
+        }
+
+
+class LargestLogit:
+    """The largest |logit| over all prompts and continuations (and where), and at the last prompt positions."""
+
+    def __init__(self):
+        self.value = self.last = 0.0
+        self.at = ""
+
+    def add(self, name: str, ref: Reference):
+        a = np.abs(ref.recomputed)
+        if a.max() > self.value:
+            self.value, self.at = float(a.max()), f"{name} position {int(a.max(-1).argmax())}"
+        self.last = max(self.last, float(a[len(ref.ids) - 1].max()))
+
+    def report(self):
+        print(f"\nlargest |logit| over all prompts and continuations: {self.value:.2f} ({self.at}); "
+              f"at the last prompt positions: {self.last:.2f}")
+
+
+def perturbation_study(refs: dict, k: int):
+    """A function (label, run) -> the largest |logit difference| of `run` over each of refs' prompt +
+    continuation against the float32 reference: over the full vocabulary at every position, at the last
+    prompt position, on the reference top-k at every position, and the largest change of a difference
+    between two of the reference top-k (what decides whether their order can flip). Prints a header."""
+    print("perturbation study: max |logit - float32 reference| over prompt + continuation")
+    print(f"  {'':32} {'all/vocab':>9} {'last/vocab':>9} {'all/top-8':>9} {'top-8 pair':>9}")
+
+    def study(label, run):
+        worst = np.zeros(4)
+        for ref in refs.values():
+            d = run(ref.seq[:-1]).astype(np.float64) - ref.recomputed.astype(np.float64)
+            top = np.argsort(-ref.recomputed, axis=-1, kind="stable")[:, :k]
+            dt = np.take_along_axis(d, top, axis=-1)
+            worst = np.maximum(worst, [np.abs(d).max(), np.abs(d[len(ref.ids) - 1]).max(), np.abs(dt).max(),
+                                       (dt.max(-1) - dt.min(-1)).max()])
+            del d
+        print(f"  {label:32} {worst[0]:9.4f} {worst[1]:9.4f} {worst[2]:9.4f} {worst[3]:9.4f}")
+        return worst
+    return study
+
+
+def greedy_departures(torch, model, refs: dict, n_gen: int, width: int) -> list[bool]:
+    """Greedy decoding again (under whatever perturbation is active): where each prompt's first departs from
+    the float32 reference, and how close to a tie the reference was there. Whether each stayed identical."""
+    same = []
+    for name, ref in refs.items():
+        gen, _ = greedy(torch, model, ref.ids, n_gen)
+        i = first_divergence(ref.gen, gen)
+        first_tie = next((k for k, m in enumerate(ref.margin) if m < 0.1), None)
+        same.append(i is None)
+        if i is None:
+            print(f"  {name:{width}} identical for all {n_gen} steps (smallest margin {ref.margin.min():.4f})")
+        else:
+            print(f"  {name:{width}} first differs at step {i} (reference margin there {ref.margin[i]:.4f}; "
+                  f"first margin < 0.1 at step {first_tie})")
+    return same
+
+
+def common_meta(torch, transformers, fname: str, digest: str, vocab: int, n_gen: int, largest: LargestLogit,
+                d64, d16, d16r) -> dict:
+    """The metadata both fixtures hold. d64, d16, d16r: perturbation_study's figures for float64, f16 K/V and
+    f16 K/V with cos/sin noise ([all positions x vocab, last prompt position x vocab, all positions x
+    reference top-8, change of a difference between two reference top-8 logits])."""
+    return {
+        "meta__gguf_file": np.array(fname),
+        "meta__gguf_sha256": np.array(digest),
+        "meta__transformers_version": np.array(transformers.__version__),
+        "meta__torch_version": np.array(torch.__version__),
+        "meta__numpy_version": np.array(np.__version__),
+        "meta__vocab_size": np.array(vocab, dtype=np.int64),
+        "meta__n_gen": np.array(n_gen, dtype=np.int64),
+        "meta__max_abs_logit": np.array(largest.value, dtype=np.float32),
+        "meta__diff_float64": np.array(d64, dtype=np.float32),
+        "meta__diff_f16kv": np.array(d16, dtype=np.float32),
+        "meta__diff_f16kv_rope_noise": np.array(d16r, dtype=np.float32),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
@@ -216,74 +330,21 @@ def main() -> None:
 
     prompts = render_prompts(tok)
     arrays: dict[str, np.ndarray] = {}
-    seqs = {}          # name -> prompt + greedy ids (for the perturbation runs)
-    ref_full = {}      # name -> float32 logits over seqs[name][:-1]
-    max_abs_logit = max_abs_last = 0.0
-    max_at = ""
+    refs = {}          # name -> Reference
+    largest = LargestLogit()
     print(f"\n{'prompt':8} {'T':>4}  greedy continuation")
     for name, text, ids in prompts:
-        T = len(ids)
-        logits = full_logits(torch, model, ids)
-        assert logits.shape == (T, vocab) and logits.dtype == np.float32
-        top_ids, top_vals, nxt = topk_rows(logits, TOPK)
-
-        gen, step_logits = greedy(torch, model, ids, N_GEN)
-        # Verify the cached greedy loop against one uncached pass over prompt + continuation: every
-        # generated token must be the argmax of the recomputed logits, and the logits must agree.
-        seq = ids + gen
-        recomputed = full_logits(torch, model, seq[:-1])
-        cache_vs_full = float(np.abs(recomputed[T - 1:] - step_logits).max())
-        assert cache_vs_full < 1e-3, (name, cache_vs_full)
-        assert np.array_equal(recomputed[:T], logits) or np.abs(recomputed[:T] - logits).max() < 1e-3
-        assert [int(i) for i in recomputed[T - 1:].argmax(-1)] == gen, name
-        assert np.abs(step_logits[0] - logits[-1]).max() < 1e-3
-
-        g_ids, g_vals, _ = topk_rows(step_logits, TOPK)
-        margin = (g_vals[:, 0] - g_vals[:, 1]).astype(np.float32)
-
-        arrays.update({
-            f"{name}__text": np.array(text),
-            f"{name}__prompt_ids": np.array(ids, dtype=np.int32),
-            f"{name}__last_logits": logits[-1].astype(np.float32),
-            f"{name}__top8_ids": top_ids,
-            f"{name}__top8_logits": top_vals,
-            f"{name}__next_logit": nxt,
-            f"{name}__greedy_ids": np.array(gen, dtype=np.int32),
-            f"{name}__greedy_margin": margin,
-            f"{name}__greedy_top8_ids": g_ids,
-            f"{name}__greedy_top8_logits": g_vals,
-        })
-        seqs[name] = seq
-        ref_full[name] = recomputed
-        a = np.abs(recomputed)
-        if a.max() > max_abs_logit:
-            max_abs_logit, max_at = float(a.max()), f"{name} position {int(a.max(-1).argmax())}"
-        max_abs_last = max(max_abs_last, float(a[T - 1].max()))
-        untied = next((i for i, m in enumerate(margin) if m < 0.1), N_GEN)
-        print(f"{name:8} {T:4d}  cache-vs-uncached max diff {cache_vs_full:.1e}; {untied} steps before the "
-              f"first top-1/top-2 margin < 0.1: {tok.decode(gen)!r}")
+        ref = refs[name] = Reference(torch, model, ids, N_GEN, TOPK)
+        arrays.update(ref.arrays(name, text))
+        arrays[f"{name}__last_logits"] = ref.last_logits.astype(np.float32)
+        largest.add(name, ref)
+        untied = next((i for i, m in enumerate(ref.margin) if m < 0.1), N_GEN)
+        print(f"{name:8} {len(ids):4d}  cache-vs-uncached max diff {ref.cache_vs_full:.1e}; {untied} steps before "
+              f"the first top-1/top-2 margin < 0.1: {tok.decode(ref.gen)!r}")
 
     # ---- how far do plausible numerical differences move the logits? -------------------------------------
-    def study(label, run):
-        """Largest |logit difference| vs the float32 reference: over the full vocabulary at every position,
-        at the last prompt position, on the reference top-8 at every position, and the largest change of
-        a difference between two of the reference top-8 (what decides whether their order can flip)."""
-        worst = np.zeros(4)
-        for name, _, ids in prompts:
-            got = run(seqs[name][:-1])
-            ref = ref_full[name]
-            d = got.astype(np.float64) - ref.astype(np.float64)
-            top = np.argsort(-ref, axis=-1, kind="stable")[:, :TOPK]
-            dt = np.take_along_axis(d, top, axis=-1)
-            worst = np.maximum(worst, [np.abs(d).max(), np.abs(d[len(ids) - 1]).max(), np.abs(dt).max(),
-                                       (dt.max(-1) - dt.min(-1)).max()])
-        print(f"  {label:32} {worst[0]:9.4f} {worst[1]:9.4f} {worst[2]:9.4f} {worst[3]:9.4f}")
-        return worst
-
-    print(f"\nlargest |logit| over all prompts and continuations: {max_abs_logit:.2f} ({max_at}); "
-          f"at the last prompt positions: {max_abs_last:.2f}")
-    print("perturbation study: max |logit - float32 reference| over prompt + continuation")
-    print(f"  {'':32} {'all/vocab':>9} {'last/vocab':>9} {'all/top-8':>9} {'top-8 pair':>9}")
+    largest.report()
+    study = perturbation_study(refs, TOPK)
     m64 = copy.deepcopy(model).to(torch.float64)
     d64 = study("float64 weights/activations", lambda s: full_logits(torch, m64, s))
     del m64
@@ -296,34 +357,10 @@ def main() -> None:
     # tie was the float32 reference there?
     print("greedy with f16 K/V vs float32 greedy:")
     with kv_f16(torch):
-        for name, _, ids in prompts:
-            gen16, _ = greedy(torch, model, ids, N_GEN)
-            ref = [int(t) for t in arrays[f"{name}__greedy_ids"]]
-            i = first_divergence(ref, gen16)
-            margin = arrays[f"{name}__greedy_margin"]
-            first_tie = next((k for k, m in enumerate(margin) if m < 0.1), None)
-            if i is None:
-                print(f"  {name:8} identical for all {N_GEN} steps (smallest margin {margin.min():.4f})")
-            else:
-                print(f"  {name:8} first differs at step {i} (reference margin there {margin[i]:.4f}; "
-                      f"first margin < 0.1 at step {first_tie})")
+        greedy_departures(torch, model, refs, N_GEN, 8)
 
-    arrays.update({
-        "names": np.array([p[0] for p in prompts]),
-        "meta__gguf_file": np.array(fname),
-        "meta__gguf_sha256": np.array(digest),
-        "meta__transformers_version": np.array(transformers.__version__),
-        "meta__torch_version": np.array(torch.__version__),
-        "meta__numpy_version": np.array(np.__version__),
-        "meta__vocab_size": np.array(vocab, dtype=np.int64),
-        "meta__n_gen": np.array(N_GEN, dtype=np.int64),
-        "meta__max_abs_logit": np.array(max_abs_logit, dtype=np.float32),
-        # max |diff| [all positions x vocab, last prompt position x vocab, all positions x reference
-        # top-8, change of a difference between two reference top-8 logits] (see study() above)
-        "meta__diff_float64": np.array(d64, dtype=np.float32),
-        "meta__diff_f16kv": np.array(d16, dtype=np.float32),
-        "meta__diff_f16kv_rope_noise": np.array(d16r, dtype=np.float32),
-    })
+    arrays["names"] = np.array([p[0] for p in prompts])
+    arrays.update(common_meta(torch, transformers, fname, digest, vocab, N_GEN, largest, d64, d16, d16r))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(args.out, **arrays)
     print(f"\nwrote {args.out} ({args.out.stat().st_size / 1e6:.2f} MB) in {time.time() - t_start:.0f} s total")
