@@ -207,6 +207,10 @@ class Reference:
         self.g_ids, self.g_vals, self.g_next = topk_rows(step_logits, k)
         self.margin = (self.g_vals[:, 0] - self.g_vals[:, 1]).astype(np.float32)
 
+    def first_tie(self) -> int | None:
+        """The first greedy step whose top-1/top-2 margin is under 0.1 (a near-tie), if any."""
+        return next((i for i, m in enumerate(self.margin) if m < 0.1), None)
+
     def arrays(self, name: str, text: str) -> dict:
         """The fixture's arrays of this prompt that both models' fixtures hold."""
         return {
@@ -269,13 +273,12 @@ def greedy_departures(torch, model, refs: dict, n_gen: int, width: int) -> list[
     for name, ref in refs.items():
         gen, _ = greedy(torch, model, ref.ids, n_gen)
         i = first_divergence(ref.gen, gen)
-        first_tie = next((k for k, m in enumerate(ref.margin) if m < 0.1), None)
         same.append(i is None)
         if i is None:
             print(f"  {name:{width}} identical for all {n_gen} steps (smallest margin {ref.margin.min():.4f})")
         else:
             print(f"  {name:{width}} first differs at step {i} (reference margin there {ref.margin[i]:.4f}; "
-                  f"first margin < 0.1 at step {first_tie})")
+                  f"first margin < 0.1 at step {ref.first_tie()})")
     return same
 
 
@@ -338,7 +341,7 @@ def main() -> None:
         arrays.update(ref.arrays(name, text))
         arrays[f"{name}__last_logits"] = ref.last_logits.astype(np.float32)
         largest.add(name, ref)
-        untied = next((i for i, m in enumerate(ref.margin) if m < 0.1), N_GEN)
+        untied = N_GEN if ref.first_tie() is None else ref.first_tie()
         print(f"{name:8} {len(ids):4d}  cache-vs-uncached max diff {ref.cache_vs_full:.1e}; {untied} steps before "
               f"the first top-1/top-2 margin < 0.1: {tok.decode(ref.gen)!r}")
 

@@ -256,8 +256,8 @@ TC_PARTIALS = 2 * TC_SPLIT_TARGET * TC_TILE[0] * TC_TILE[1]    # partial sums a 
 
 
 def tuning_tokens(tokens: int) -> int:
-    """A pass's tokens as a prompt GEMM's tuning key counts them: rounded up to a power of 2, so that
-    contexts of about the same size share a tuning."""
+    """A pass's tokens as a GEMM's tuning key counts them: rounded up to a power of 2, so that contexts
+    (and decode batches) of about the same size share a tuning."""
     return 1 << (tokens - 1).bit_length()
 
 
@@ -289,6 +289,11 @@ def tc_tile_valid(tile) -> bool:
     bm, bn, wg = tile
     return (bm % 32 == 0 and bn % 16 == 0 and wg % 32 == 0 and wg % bm == 0 and wg <= 8 * bm
             and (bm * bn) % (16 * wg) == 0)
+
+
+def tc_tile_label(tile) -> str:
+    """A tensor-core tile as rows x tokens / threads (as tile_label shows an int8 GEMM's)."""
+    return "{}x{}/{}".format(*tile)
 
 
 def _tc_workgroup_words(tile) -> tuple[int, int]:

@@ -62,10 +62,10 @@ def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> Shape
 def shape_label(shape) -> str:
     """A cached shape as `shaderlm tune` shows it: a decode GEMV's, a prompt GEMM's tile, or a tensor-core
     tile (rows x tokens / threads)."""
-    from .gemm import tc_tile_valid, tile_label, tile_valid
+    from .gemm import tc_tile_label, tc_tile_valid, tile_label, tile_valid
     from .gemv import GemvShape
     if tc_tile_valid(shape):
-        return "{}x{}/{}".format(*shape)
+        return tc_tile_label(shape)
     return tile_label(shape) if tile_valid(shape) else GemvShape.of(shape).label()
 
 
