@@ -196,6 +196,39 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         close_cache(dev)
 
 
+@pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
+def test_attention_rounds_the_o_input(synth_gguf, monkeypatch, splits):
+    """A decode batch on the int8 GEMMs: the decode attention also rounds its output into the o
+    projection's x blocks (a quantize_q8 dispatch fewer a layer) with that pass's arithmetic, so the
+    tokens and logits are bit-identical to steps with the pass, after prompts of 97-171 tokens (with
+    `splits`, the last of a head's splits rounds the merged output)."""
+    from shaderlm.kernels import ops
+    from shaderlm.models.transformer import Transformer
+    path = synth_gguf(seed=4, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    opts = Options.from_env().replace(exact_prefill=False, gemm_rows=2)
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=True, options=opts)
+    a = m.net.args
+    if not ops.rounds_attention_output(m.net.dev, True, a.n_heads, a.head_dim):
+        pytest.skip("the subgroup decode attention does not run here")
+    if splits:
+        wg, unroll = ops.attention_shape(m.net.dev, a.n_heads)[:2]
+        m = shaderlm.load(path, progress=False, ctx=256, fuse=True,
+                          options=opts.replace(attention_shape=(wg, unroll, 4, 32)))
+    prompts = {s: random_ids(m.config.vocab_size, n, 40 + n) for s, n in enumerate((150, 97, 171))}
+    runs = {}
+    for fold in (True, False):
+        if not fold:
+            monkeypatch.setattr(Transformer, "o_input_blocks", lambda self, i, step: None)
+        sv = Serving(m.net, slots=3, seq_ctx=224, tokens_per_submit=4)
+        labels = [d.label for d in sv.decode_plan(3).dispatches]
+        toks = _generate_batched(sv, prompts, 6)
+        runs[fold] = labels, toks, sv.last_logits(3)
+    (with_fold, toks, logits), (plain, want, want_logits) = runs[True], runs[False]
+    assert any(x.startswith("matmul_few") for x in with_fold)
+    assert plain.count("quantize_q8") - with_fold.count("quantize_q8") == a.n_layers
+    assert toks == want and np.array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
+
+
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0")])
 @pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
 def test_paged_decode_after_long_prompts(synth_gguf, arch, preset, quant, splits):

@@ -43,6 +43,28 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(14) var<storage, read> kn: array<f32>;
 const HN_EPS: f32 = {{HN_EPS}};
 #endif
+#if Q8OUT
+// Q8OUT (a decode batch whose o projection is an int8 GEMM): each head's output also rounded into that
+// GEMM's x blocks (quantize_q8.wgsl's layout and arithmetic, q8_block.wgsl), its x pass a dispatch
+// fewer. A head's HD values are blocks h * HD / 32 .. of the batch's rows (HD a multiple of 32).
+@group(0) @binding(15) var<storage, read_write> xq: array<vec4<u32>>;
+@group(0) @binding(16) var<storage, read_write> xd: array<vec2<f32>>;
+@group(0) @binding(17) var<storage, read_write> xs: array<vec2<f32>>;
+var<workgroup> head_out: array<vec2<f32>, HD / 2u>;
+#include q8_block
+
+// head h's output pairs (in head_out) as its HD / 32 blocks, a thread each (every thread calls this)
+fn round_head(li: u32, h: u32) {
+    workgroupBarrier();
+    if (li < HD / 32u) {
+        var v: array<vec4<f32>, 8>;
+        for (var i = 0u; i < 8u; i++) {
+            v[i] = vec4<f32>(head_out[li * 16u + 2u * i], head_out[li * 16u + 2u * i + 1u]);
+        }
+        round_block(h * (HD / 32u) + li, v);
+    }
+}
+#endif
 #if SPLIT
 // per (head, split): m, l, then the hd unnormalised output values, as f32 bits
 @group(0) @binding(7) var<storage, read_write> part: array<atomic<u32>>;
@@ -317,8 +339,14 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
             out[h * hd + 2u * j] = o.x;
             out[h * hd + 2u * j + 1u] = o.y;
+#if Q8OUT
+            head_out[j] = o;
+#endif
         }
         if (li == 0u) { atomicStore(&done[h], 0u); }      // ready for the next dispatch
+#if Q8OUT
+        round_head(li, h);
+#endif
         return;
     }
 #endif
@@ -333,5 +361,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #endif
         out[h * hd + 2u * j] = o.x;
         out[h * hd + 2u * j + 1u] = o.y;
+#if Q8OUT
+        head_out[j] = o;
+#endif
     }
+#if Q8OUT
+    round_head(li, h);
+#endif
 }

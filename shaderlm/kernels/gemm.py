@@ -138,8 +138,7 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
         bufs = (dev.scratch(f"tc.digits.{tokens}x{k}", 2 * tokens * k), dev.scratch(f"tc.steps.{tokens}", 4 * tokens))
         wg = ROW_WG
     else:
-        bufs = (dev.scratch(f"q8.words.{tokens}x{k}", tokens * k), dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8),
-                dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8))
+        bufs = q8_blocks(dev, k, tokens)
         wg = ROW_WG if norm is not None else 64
     if ready:
         return [], bufs
@@ -152,6 +151,29 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
     gx = 1 if digits else cdiv(nb, wg)
     return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n * rows_per_token),
                      label="quantize_tc" if digits else "quantize_q8")], bufs
+
+
+def q8_blocks(dev, k: int, tokens: int) -> tuple:
+    """The scratch buffers (words, scales, sums) of `tokens` rows of k values rounded in int8 blocks
+    (quantize_q8.wgsl's layout), shared by every GEMM of this shape: plans run their dispatches in order."""
+    nb = k // 32
+    return (dev.scratch(f"q8.words.{tokens}x{k}", tokens * k), dev.scratch(f"q8.scales.{tokens}x{k}", tokens * nb * 8),
+            dev.scratch(f"q8.sums.{tokens}x{k}", tokens * nb * 8))
+
+
+def on_tensor_cores(dev, max_tokens: int, decode_batch: bool) -> bool:
+    """Whether matmul_q8 (no tile asked for) runs on matmul_tc: prompts from TC_MIN_TOKENS, decode batches
+    from TC_BATCH_ROWS, where the adapter has them."""
+    return max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev)
+
+
+def decode_batch_x(dev, w, max_tokens: int) -> tuple | None:
+    """A decode batch's int8 GEMM over w rounds its x into int8 blocks (not the tensor cores' digits):
+    (their buffers, the run length), for a kernel that writes x to write them too (matmul_q8's
+    `x_ready`); None on the tensor cores."""
+    if on_tensor_cores(dev, max_tokens, True):
+        return None
+    return q8_blocks(dev, w.cols, max_tokens), w.qtype.iq8_run
 
 
 def shared_run(ws) -> int | None:
@@ -385,7 +407,7 @@ def _split_sum(dev, c, part, y, st, *, slices, row0, y_stride, part_tokens, from
 
 def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
               tile=None, decode_batch: bool = False, x_after=None, x_run: int | None = None,
-              **fused) -> list[Dispatch]:
+              x_ready: bool = False, **fused) -> list[Dispatch]:
     """x has at most max_tokens rows; `tile`: (TM, TV[, KB[, TL, WG]]) for every row chunk, else for a
     prompt the adapter's tuned tile, else q8_tile's choice (KB 1 where K is not a multiple of 32 KB); a
     prompt's GEMMs carry a Tunable for the tile (a token's result is the same in every tile).
@@ -399,13 +421,16 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     tensor cores' digits whatever the types; int8 runs of the same length).
     `x_run`: for a decode batch, the run length x is rounded in (shared_run: 32 lets a type of runs of
     16 share x with one of 32, a dispatch fewer in a step of a few rows; a prompt keeps each type's runs).
+    `x_ready`: the kernel before wrote x's rounding (decode_batch_x's buffers and run): no x pass.
     `fused`: quantize_q8's norm / eps / glu_input."""
-    on_tc = tile is None and max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev)
+    on_tc = tile is None and on_tensor_cores(dev, max_tokens, decode_batch)
+    if x_ready and (on_tc or not decode_batch or x_run not in (None, w.qtype.iq8_run)):
+        raise ValueError(f"{w.name}: x is rounded before only for a decode batch's int8 blocks in its own runs")
     x_run = x_run if decode_batch else None
     if x_run not in (None, 32, w.qtype.iq8_run):
         raise ValueError(f"{w.name}: {w.qtype.name} takes x in runs of {w.qtype.iq8_run} or 32, not {x_run}")
     run = x_run or w.qtype.iq8_run
-    fused["ready"] = x_after is not None and (on_tc or (x_run or x_after.qtype.iq8_run) == run)
+    fused["ready"] = x_ready or x_after is not None and (on_tc or (x_run or x_after.qtype.iq8_run) == run)
     kw = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
               from_state_row=from_state_row, **fused)
     if on_tc:

@@ -45,7 +45,8 @@ def int8_gemm(w, *, tt: int, tiled: bool, int8: bool) -> bool:
 def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulate=False, bias=None,
            from_state_row=False, norm=None, eps: float = 0.0, glu=False, gelu=False, act=None, glu_input=False,
            tiled: bool = True, int8: bool = False, q8_tile=None, max_tokens: int = 0, batch: int = 0,
-           nt_max: int = 1, decode_batch: bool = False, x_after=None, x_run: int | None = None) -> list[Dispatch]:
+           nt_max: int = 1, decode_batch: bool = False, x_after=None, x_run: int | None = None,
+           x_ready: bool = False) -> list[Dispatch]:
     """y[t, row0 + r] (+)= W[r] . x[t] for every row-chunk of W; x rows are w.cols floats.
 
     tt == 1: the decode GEMV (gemv.py where the type has a wide decoder, else matmul.wgsl), which can
@@ -61,7 +62,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
     batch), whatever the plan's token count. `x_after`: the weight of the matmul just before this one,
     over the same x (its rows, norm and input) with the same options: an int8 GEMM then reuses x's
     rounding where it is the same (gemm.matmul_q8). `x_run`: the run length a decode batch's int8 GEMMs
-    over that x round it in (gemm.shared_run), so that types of runs of 16 and 32 share one rounding."""
+    over that x round it in (gemm.shared_run), so that types of runs of 16 and 32 share one rounding.
+    `x_ready`: a decode batch's int8 GEMM whose x the kernel before rounded (gemm.decode_batch_x)."""
     if tt > 1 and tiled and w.cols % 32 == 0:
         kw = dict(y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias, from_state_row=from_state_row)
         if int8_gemm(w, tt=tt, tiled=tiled, int8=int8):
@@ -70,7 +72,8 @@ def matmul(dev, w, x, y, st, *, tt: int, y_stride: int, row0: int = 0, accumulat
             fused = dict(norm=norm, eps=eps, glu_input=act_defines(gelu, act) if glu_input else None)
             x_after = x_after if x_after is not None and int8_gemm(x_after, tt=tt, tiled=tiled, int8=int8) else None
             return gemm.matmul_q8(dev, w, x, y, st, max_tokens=max(max_tokens, tt), tile=q8_tile,
-                                  decode_batch=decode_batch, x_after=x_after, x_run=x_run, **kw, **fused)
+                                  decode_batch=decode_batch, x_after=x_after, x_run=x_run, x_ready=x_ready,
+                                  **kw, **fused)
         if norm is not None or glu or glu_input:
             raise ValueError("the f32 GEMM does not fuse norm/glu; run them as separate ops")
         return gemm.matmul_f32(dev, w, x, y, st, **kw)
@@ -165,7 +168,7 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
               neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0,
-              tiled: bool = True, prefill_tile=None, sinks=None, head_norm=None) -> Dispatch:
+              tiled: bool = True, prefill_tile=None, sinks=None, head_norm=None, q8_out=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
     applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
@@ -176,7 +179,9 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     adapters that do not fuse it) attention.wgsl, a workgroup a query.
     `sinks`: a buffer of one logit per head that joins each softmax's denominator and weighs no value
     (gpt-oss's attention sinks). `head_norm`: (q weights, k weights, eps), Qwen3's per-head RMSNorm of
-    q and the new K, folded into the subgroup decode kernel (fused_head_norm says where)."""
+    q and the new K, folded into the subgroup decode kernel (fused_head_norm says where). `q8_out`: (the
+    buffers, run length) of gemm.decode_batch_x: a batch's output also rounded for the int8 GEMM after
+    (rounds_attention_output says where)."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
@@ -186,7 +191,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         sgs = dev.subgroup_size
         default = attention_shape(dev, n_heads)
         wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
-        need, room = decode_attention_bytes(dev, head_dim, wg, splits), dev.limit("max-compute-workgroup-storage-size", 16384)
+        need = decode_attention_bytes(dev, head_dim, wg, splits, q8_out is not None)
+        room = dev.limit("max-compute-workgroup-storage-size", 16384)
         if need > room:
             raise ValueError(f"decode attention shape {shape}: its merge buffers need {need} bytes of workgroup "
                              f"memory, over this adapter's {room}")
@@ -199,13 +205,20 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         defines, res = _paged(paging, *_sinks(sinks, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, sgs),
                                                            NEOX=neox, UNROLL=unroll, SPLIT=splits > 1, SPLITS=splits,
                                                            MINK=min_keys, MERGE=_decode_merge(dev, wg, splits)), res))
+        more = {}                                   # binding -> buffer
         if head_norm is not None:
             q_w, k_w, eps = head_norm
-            defines, res = {**defines, "HEAD_NORM": True, "HN_EPS": float(eps)}, res + [None] * (13 - len(res)) + [q_w, k_w]
+            defines, more = {**defines, "HEAD_NORM": True, "HN_EPS": float(eps)}, {13: q_w, 14: k_w}
+        if q8_out is not None:
+            if not batched or head_dim % 32:
+                raise ValueError("the decode attention rounds its output for a batch's int8 GEMM only, in whole blocks")
+            (xq, xd, xs), run = q8_out
+            defines, more = {**defines, "Q8OUT": True, "RUN32": run == 32}, {**more, 15: xq, 16: xd, 17: xs}
+        res = [more.get(i, r) for i, r in enumerate(res + [None] * (max(more, default=0) + 1 - len(res)))]
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
-    if head_norm is not None:
-        raise ValueError("the per-head norm folds into the subgroup decode kernel only (fused_head_norm)")
+    if head_norm is not None or q8_out is not None:
+        raise ValueError("the per-head norm and the output's rounding fold into the subgroup decode kernel only")
     tile = None if fused or not tiled or (paging and paging.rows is not None) else (
         prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
@@ -225,15 +238,26 @@ def _decode_merge(dev, wg: int, splits: int) -> int:
     return max(wg // dev.subgroup_size, splits)
 
 
-def decode_attention_bytes(dev, head_dim: int, wg: int, splits: int) -> int:
+def decode_attention_bytes(dev, head_dim: int, wg: int, splits: int, q8_out: bool = False) -> int:
     """attention_decode.wgsl's workgroup memory: a softmax state (3 floats) and a head's output for each
-    of the MERGE partials, and a flag."""
-    return 4 * _decode_merge(dev, wg, splits) * (3 + head_dim) + 4
+    of the MERGE partials, and a flag; with q8_out, the head's output once more (Q8OUT)."""
+    return 4 * _decode_merge(dev, wg, splits) * (3 + head_dim) + 4 + 4 * head_dim * q8_out
 
 
 def fused_head_norm(dev, fused_decode: bool) -> bool:
     """attention() can fold a per-head norm in: the fused decode step on an adapter with subgroups."""
     return fused_decode and dev.has_subgroups
+
+
+def rounds_attention_output(dev, fused_decode: bool, n_heads: int, head_dim: int, shape=None) -> bool:
+    """attention() can round a batch's output for the int8 GEMM after it (q8_out): the fused decode step
+    on an adapter with subgroups, heads of whole blocks of 32, room for the head's output once more, and
+    for its 16 storage bindings at most."""
+    if not (fused_decode and dev.has_subgroups and head_dim % 32 == 0 and dev.max_buffers >= 16):
+        return False
+    wg, _, splits, _ = tuple(shape or ()) + attention_shape(dev, n_heads)[len(shape or ()):]
+    return decode_attention_bytes(dev, head_dim, wg, splits, True) <= dev.limit("max-compute-workgroup-storage-size",
+                                                                                  16384)
 
 
 PREFILL_ATTENTION_TILES = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32))     # (queries, keys), by preference

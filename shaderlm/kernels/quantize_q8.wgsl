@@ -1,7 +1,7 @@
 // Activations for the 8-bit prefill GEMM (matmul_q8.wgsl): each run of a token's row of x (16 elements,
 // or 32 with RUN32) becomes int8 values q = round(127 x / max|x|), its scale d = max|x| / 127, and each
 // 16 elements' d * sum(q) (for the weights' offset terms). A thread per 32-element block (4 words a
-// half); with RUN32 both halves get the block's scale.
+// half; q8_block.wgsl's arithmetic); with RUN32 both halves get the block's scale.
 // TOKEN (for the tensor-core GEMM, matmul_tc.wgsl): instead, each token's whole row on one 16-bit grid
 // (tc_digits.wgsl), hi digits in plane 0 and lo in plane 1, and the token's grid step max|x| / LIM.
 // A workgroup a token: one pass for the max, one to round.
@@ -35,8 +35,6 @@ struct P { k: u32, first_from_state: u32, rows_per_token: u32, plane: u32 }   //
 struct N { eps: f32, _a: u32, _b: u32, _c: u32 }
 @group(0) @binding(7) var<uniform> pn: N;
 #endif
-
-const ONES: u32 = 0x01010101u;
 
 // x's vec4 i of token t's row (the block's value before rounding)
 fn xin(t: u32, i: u32, r: f32) -> vec4<f32> {
@@ -89,6 +87,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (li == 0u) { xd[t] = m / LIM; }
 }
 #else
+#include q8_block
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
@@ -101,35 +101,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
 #endif
     let r = row_norm(t, li);
     if (gid.x >= nb) { return; }
-    let b = t * nb + gid.x;
     var v: array<vec4<f32>, 8>;
-    var m0 = vec4<f32>(0.0);
-    var m1 = vec4<f32>(0.0);
-    for (var i = 0u; i < 4u; i++) {
+    for (var i = 0u; i < 8u; i++) {
         v[i] = xin(t, gid.x * 8u + i, r);
-        v[i + 4u] = xin(t, gid.x * 8u + i + 4u, r);
-        m0 = max(m0, abs(v[i]));
-        m1 = max(m1, abs(v[i + 4u]));
     }
-    var a0 = max(max(m0.x, m0.y), max(m0.z, m0.w));
-    var a1 = max(max(m1.x, m1.y), max(m1.z, m1.w));
-#if RUN32
-    a0 = max(a0, a1);
-    a1 = a0;
-#endif
-    let inv0 = select(1.0 / a0, 0.0, a0 == 0.0);
-    let inv1 = select(1.0 / a1, 0.0, a1 == 0.0);
-    var q: array<u32, 8>;
-    for (var i = 0u; i < 4u; i++) {       // round(127 * x / max|x|)
-        q[i] = pack4x8snorm(v[i] * inv0);
-        q[i + 4u] = pack4x8snorm(v[i + 4u] * inv1);
-    }
-    let d = vec2<f32>(a0, a1) / 127.0;
-    let lo = dot4I8Packed(q[0], ONES) + dot4I8Packed(q[1], ONES) + dot4I8Packed(q[2], ONES) + dot4I8Packed(q[3], ONES);
-    let hi = dot4I8Packed(q[4], ONES) + dot4I8Packed(q[5], ONES) + dot4I8Packed(q[6], ONES) + dot4I8Packed(q[7], ONES);
-    xq[b * 2u] = vec4<u32>(q[0], q[1], q[2], q[3]);
-    xq[b * 2u + 1u] = vec4<u32>(q[4], q[5], q[6], q[7]);
-    xd[b] = d;
-    xs[b] = d * vec2<f32>(f32(lo), f32(hi));
+    round_block(t * nb + gid.x, v);
 }
 #endif

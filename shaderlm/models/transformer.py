@@ -368,8 +368,10 @@ class Transformer:
         if L.q_norm is not None and not ops.fused_head_norm(self.dev, step):
             out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.b.state, n_heads=a.n_heads,
                                      n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
-        out += self.attention_ops(i, step)
-        out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm)
+        o_x = self.o_input_blocks(i, step)
+        out += self.attention_ops(i, step, o_x)
+        out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm,
+                             **({"x_ready": True} if o_x else {}))
         src, norm = self.norm_input(i, "ffn", ffn_fused, out)
         if moe:
             return out + self.moe_ops(i, src, norm)
@@ -429,15 +431,25 @@ class Transformer:
         return ops.matmul(self.dev, w, x, y, b.state, tiled=b.tiled, int8=self.int8_prefill, q8_tile=self.q8_tile,
                           max_tokens=self.batch, batch=b.batch, nt_max=self.batch_tokens, **kw)
 
+    def o_input_blocks(self, i: int, step: bool):
+        """A decode batch's o projection input as its int8 GEMM's x blocks, which the decode attention
+        then writes beside its output (ops.attention's q8_out; a dispatch fewer a layer): the buffers and
+        run length (gemm.decode_batch_x), or None."""
+        a, L, b = self.args, self.layers[i], self.b
+        if not (b.gemm and self.int8_gemms([L.wo]) and ops.rounds_attention_output(
+                self.dev, step, a.n_heads, a.head_dim, self.attention_shape)):
+            return None
+        return gemm.decode_batch_x(self.dev, L.wo, b.batch)
+
     def attention_params(self, i: int) -> dict:
         """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
         a = self.args
         return dict(scale=1.0 / math.sqrt(a.head_dim), window=a.sliding_window if a.windowed(i) else 0,
                     softcap=0.0, inv_freq=self.inv_freq)
 
-    def attention_ops(self, i: int, decode: bool) -> list:
+    def attention_ops(self, i: int, decode: bool, o_x=None) -> list:
         """RoPE on q and k, the new K/V into the cache, and causal GQA attention over it: one dispatch
-        in the fused decode step, two otherwise."""
+        in the fused decode step, two otherwise. `o_x`: o_input_blocks', the output also rounded there."""
         a, dev, b = self.args, self.dev, self.b
         p = self.attention_params(i)
         inv_freq = p.pop("inv_freq")
@@ -447,7 +459,7 @@ class Transformer:
             hn = (L.q_norm, L.k_norm, a.rms_eps) if L.q_norm is not None and ops.fused_head_norm(dev, decode) else None
             return [ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn, inv_freq=inv_freq,
                                   rope_dim=a.rope_dim, neox=a.rope_neox, shape=self.attention_shape, batch=b.batch,
-                                  head_norm=hn)]
+                                  head_norm=hn, q8_out=o_x)]
         return [ops.rope_store(dev, self.qkv, inv_freq, b.k[i], b.v[i], b.state, n_heads=a.n_heads,
                                n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox,
                                paging=b.paging),
