@@ -167,11 +167,11 @@ def on_tensor_cores(dev, max_tokens: int, decode_batch: bool) -> bool:
     return max_tokens >= (TC_BATCH_ROWS if decode_batch else TC_MIN_TOKENS) and tensor_cores(dev)
 
 
-def decode_batch_x(dev, w, max_tokens: int) -> tuple | None:
-    """A decode batch's int8 GEMM over w rounds its x into int8 blocks (not the tensor cores' digits):
-    (their buffers, the run length), for a kernel that writes x to write them too (matmul_q8's
-    `x_ready`); None on the tensor cores."""
-    if on_tensor_cores(dev, max_tokens, True):
+def decode_batch_x(dev, w, max_tokens: int, tile=None) -> tuple | None:
+    """A decode batch's int8 GEMM over w (matmul_q8's `tile`) rounds its x into int8 blocks (not the
+    tensor cores' digits): (their buffers, the run length), for a kernel that writes x to write them too
+    (matmul_q8's `x_ready`); None on the tensor cores."""
+    if tile is None and on_tensor_cores(dev, max_tokens, True):
         return None
     return q8_blocks(dev, w.cols, max_tokens), w.qtype.iq8_run
 

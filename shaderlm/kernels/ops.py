@@ -189,8 +189,7 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         # one token a sequence: subgroup-parallel kernel (keys split over subgroups, lanes over head
         # dims, and over `splits` workgroups a head where the context is long)
         sgs = dev.subgroup_size
-        default = attention_shape(dev, n_heads)
-        wg, unroll, splits, min_keys = tuple(shape or ()) + default[len(shape or ()):]
+        wg, unroll, splits, min_keys = decode_attention_shape(dev, n_heads, shape)
         need = decode_attention_bytes(dev, head_dim, wg, splits, q8_out is not None)
         room = dev.limit("max-compute-workgroup-storage-size", 16384)
         if need > room:
@@ -255,7 +254,7 @@ def rounds_attention_output(dev, fused_decode: bool, n_heads: int, head_dim: int
     for its 16 storage bindings at most."""
     if not (fused_decode and dev.has_subgroups and head_dim % 32 == 0 and dev.max_buffers >= 16):
         return False
-    wg, _, splits, _ = tuple(shape or ()) + attention_shape(dev, n_heads)[len(shape or ()):]
+    wg, _, splits, _ = decode_attention_shape(dev, n_heads, shape)
     return decode_attention_bytes(dev, head_dim, wg, splits, True) <= dev.limit("max-compute-workgroup-storage-size",
                                                                                   16384)
 
@@ -295,6 +294,11 @@ def prefill_attention_tile_ok(dev, head_dim: int, bq: int, bk: int) -> bool:
     # (rows 4 floats apart), the partial maxima (SR WG) and a float a query
     size = 8 * bq * (h4 + 1) + 16 * bk * (h4 + 1) + 4 * (bk * (bq + 4) + sr * wg + bq)
     return size <= dev.limit("max-compute-workgroup-storage-size", 16384)
+
+
+def decode_attention_shape(dev, n_heads: int, shape=None) -> tuple[int, int, int, int]:
+    """The decode kernel's shape: `shape` (a prefix of one), the rest attention_shape's."""
+    return tuple(shape or ()) + attention_shape(dev, n_heads)[len(shape or ()):]
 
 
 def attention_shape(dev, n_heads: int) -> tuple[int, int, int, int]:

@@ -439,7 +439,7 @@ class Transformer:
         if not (b.gemm and self.int8_gemms([L.wo]) and ops.rounds_attention_output(
                 self.dev, step, a.n_heads, a.head_dim, self.attention_shape)):
             return None
-        return gemm.decode_batch_x(self.dev, L.wo, b.batch)
+        return gemm.decode_batch_x(self.dev, L.wo, b.batch, self.q8_tile)
 
     def attention_params(self, i: int) -> dict:
         """Hook: layer i's attention scale, sliding window (0: none), logit softcap and RoPE table."""
