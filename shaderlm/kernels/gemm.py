@@ -139,16 +139,17 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
         wg = ROW_WG
     else:
         bufs = q8_blocks(dev, k, tokens)
-        wg = ROW_WG if norm is not None else 64
+        # a normed row in one workgroup (a power of 2 of threads for its tree), a thread its blocks
+        wg = min(ROW_WG, max(64, 1 << (nb - 1).bit_length())) if norm is not None else 64
     if ready:
         return [], bufs
     pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None, TOKEN=digits,
                     REDUCE=norm is not None or digits,          # the workgroup reductions (reduce.wgsl)
-                    GLU=glu_input is not None, **(glu_input or {}))
+                    BPT=cdiv(nb, wg), GLU=glu_input is not None, **(glu_input or {}))
     res = [dev.uniform(k, int(from_state_row), rows_per_token, tokens * k // 4), st, x, *bufs]
     if norm is not None:
         res += [None] * (6 - len(res)) + [norm, dev.uniform(float(eps), 0, 0, 0)]
-    gx = 1 if digits else cdiv(nb, wg)
+    gx = 1 if digits or norm is not None else cdiv(nb, wg)
     return [Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (gx, n * rows_per_token),
                      label="quantize_tc" if digits else "quantize_q8")], bufs
 

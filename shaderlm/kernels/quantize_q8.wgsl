@@ -5,10 +5,10 @@
 // TOKEN (for the tensor-core GEMM, matmul_tc.wgsl): instead, each token's whole row on one 16-bit grid
 // (tc_digits.wgsl), hi digits in plane 0 and lo in plane 1, and the token's grid step max|x| / LIM.
 // A workgroup a token: one pass for the max, one to round.
-// Fused inputs (a dispatch fewer before the GEMM, the same values as that dispatch would write):
-// NORM, x RMS-normed by the weight nw first, with rmsnorm.wgsl's arithmetic (its workgroup size and
-// reduction, so the same 1/rms; every workgroup sums its token's whole row); GLU, x the gated
-// activation of gu's [gate | up] rows (glu.wgsl's), k the FFN width.
+// Fused inputs (a dispatch fewer before the GEMM): NORM, x RMS-normed by the weight nw first (for the
+// int8 blocks, its squares summed block by block, so its 1 / rms may differ from rmsnorm.wgsl's in the
+// last bit; for TOKEN, with rmsnorm.wgsl's arithmetic, every workgroup summing its token's whole row);
+// GLU, x the gated activation of gu's [gate | up] rows (glu.wgsl's, the same values), k the FFN width.
 #include state
 #if REDUCE
 #include reduce
@@ -89,6 +89,41 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
 #else
 #include q8_block
 
+#if NORM
+// NORM: a workgroup a token's row, a thread BPT of its blocks (li, li + WG, ..): their values and norm
+// weights loaded once, the squares summed from them (a thread's blocks, then the workgroup's tree),
+// then scaled and rounded from registers: one pass over x, its loads all issued before the reduction.
+@compute @workgroup_size({{WG}})
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let first = select(0u, st.out_row0, p.first_from_state != 0u);
+    let nb = p.k / 32u;
+    let t = wid.y;
+    if (t >= st.n - first) { return; }      // the whole workgroup
+    red_lane = li;
+    var ss = 0.0;
+#unroll BPT b
+    let blk$b = min(li + $bu * {{WG}}u, nb - 1u);
+    var v$b: array<vec4<f32>, 8>;
+    var w$b: array<vec4<f32>, 8>;
+    var s$b = 0.0;
+    for (var i = 0u; i < 8u; i++) {
+        v$b[i] = x[t * p.k / 4u + blk$b * 8u + i];
+        w$b[i] = nw[blk$b * 8u + i];
+        s$b += dot(v$b[i], v$b[i]);
+    }
+    ss += select(0.0, s$b, li + $bu * {{WG}}u < nb);
+#end
+    let r = inverseSqrt(wg_sum(ss) / f32(p.k) + pn.eps);
+#unroll BPT b
+    if (li + $bu * {{WG}}u < nb) {
+        for (var i = 0u; i < 8u; i++) {
+            v$b[i] = v$b[i] * r * w$b[i];
+        }
+        round_block(t * nb + blk$b, v$b);
+    }
+#end
+}
+#else
 @compute @workgroup_size({{WG}})
 fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
@@ -96,15 +131,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let nb = p.k / 32u;
     let t = wid.y;
     if (t >= (st.n - first) * max(p.rows_per_token, 1u)) { return; }      // the whole workgroup
-#if NORM
-    red_lane = li;
-#endif
-    let r = row_norm(t, li);
     if (gid.x >= nb) { return; }
     var v: array<vec4<f32>, 8>;
     for (var i = 0u; i < 8u; i++) {
-        v[i] = xin(t, gid.x * 8u + i, r);
+        v[i] = xin(t, gid.x * 8u + i, 1.0);
     }
     round_block(t * nb + gid.x, v);
 }
+#endif
 #endif
