@@ -277,10 +277,10 @@ def test_matmul_int8_split_k(dev, qtype, rows, K, n, first):
 @pytest.mark.parametrize("fuse,k,n,run_", [("norm", 576, 3, 32), ("norm", 2048, 17, 16), ("norm", 96, 1, 32),
                                             ("norm", 8448, 2, 32), ("silu", 1536, 5, 32), ("gelu", 96, 2, 16)])
 def test_quantize_q8_fused_inputs(dev, fuse, k, n, run_):
-    """quantize_q8 with the RMSNorm (rows of 96-2048: under and over a workgroup of blocks) or the gated
-    activation folded in gives the int8 words, scales and sums of the rmsnorm / glu dispatch it replaces:
-    bit for bit, but for the normed int8 blocks, whose squares are summed in another order (1 / rms to
-    the last bits: scales within 1e-6, a rare word one step off)."""
+    """quantize_q8 with the RMSNorm (rows of 96-8448: under and over a workgroup of blocks, two a thread)
+    or the gated activation folded in gives the int8 words, scales and sums of the rmsnorm / glu dispatch
+    it replaces: bit for bit, but for the normed int8 blocks, whose squares are summed in another order
+    (1 / rms to the last bits: scales within 1e-6, a rare word one step off)."""
     rng = np.random.default_rng(k + n)
     st = state(dev, n=n)
     x = (rng.standard_normal((n, (1 if fuse == "norm" else 2) * k)) * rng.uniform(0.1, 10, (n, 1))).astype(np.float32)
