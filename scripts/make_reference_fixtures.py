@@ -341,7 +341,8 @@ def main() -> None:
         arrays.update(ref.arrays(name, text))
         arrays[f"{name}__last_logits"] = ref.last_logits.astype(np.float32)
         largest.add(name, ref)
-        untied = N_GEN if ref.first_tie() is None else ref.first_tie()
+        tie = ref.first_tie()
+        untied = N_GEN if tie is None else tie
         print(f"{name:8} {len(ids):4d}  cache-vs-uncached max diff {ref.cache_vs_full:.1e}; {untied} steps before "
               f"the first top-1/top-2 margin < 0.1: {tok.decode(ref.gen)!r}")
 

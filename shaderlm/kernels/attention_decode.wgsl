@@ -132,6 +132,30 @@ fn with_sink(head: u32, m: f32, l: f32) -> vec2<f32> {
 }
 #endif
 
+// Output row h: the n merged partials (largest m, weighted sum l) divided by l (SINKS: with head
+// `head`'s sink), and with Q8OUT also rounded for the int8 GEMM after (every thread calls this)
+fn write_head(li: u32, h: u32, head: u32, n: u32, m: f32, l: f32) {
+    let hd = p.hd;
+#if SINKS
+    let sw = with_sink(head, m, l);
+#endif
+    for (var j = li; j < hd / 2u; j += {{WG}}u) {
+#if SINKS
+        let o = merged_out(n, j) * sw.x / sw.y;
+#else
+        let o = merged_out(n, j) / l;
+#endif
+        out[h * hd + 2u * j] = o.x;
+        out[h * hd + 2u * j + 1u] = o.y;
+#if Q8OUT
+        head_out[j] = o;
+#endif
+    }
+#if Q8OUT
+    round_head(li, h);
+#endif
+}
+
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32,
         @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) lanes: u32,
@@ -327,45 +351,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
         }
         workgroupBarrier();
         let gm = merge_weights(li, n_split);
-        let gl = merged_sum(n_split);
-#if SINKS
-        let sw = with_sink(wid.x, gm, gl);
-#endif
-        for (var j = li; j < half_hd; j += {{WG}}u) {
-#if SINKS
-            let o = merged_out(n_split, j) * sw.x / sw.y;
-#else
-            let o = merged_out(n_split, j) / gl;
-#endif
-            out[h * hd + 2u * j] = o.x;
-            out[h * hd + 2u * j + 1u] = o.y;
-#if Q8OUT
-            head_out[j] = o;
-#endif
-        }
         if (li == 0u) { atomicStore(&done[h], 0u); }      // ready for the next dispatch
-#if Q8OUT
-        round_head(li, h);
-#endif
+        write_head(li, h, wid.x, n_split, gm, merged_sum(n_split));
         return;
     }
 #endif
-#if SINKS
-    let sw = with_sink(wid.x, mg, lg);
-#endif
-    for (var j = li; j < half_hd; j += {{WG}}u) {
-#if SINKS
-        let o = merged_out(busy, j) * sw.x / sw.y;
-#else
-        let o = merged_out(busy, j) / lg;
-#endif
-        out[h * hd + 2u * j] = o.x;
-        out[h * hd + 2u * j + 1u] = o.y;
-#if Q8OUT
-        head_out[j] = o;
-#endif
-    }
-#if Q8OUT
-    round_head(li, h);
-#endif
+    write_head(li, h, wid.x, busy, mg, lg);
 }
