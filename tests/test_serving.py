@@ -229,6 +229,44 @@ def test_attention_rounds_the_o_input(synth_gguf, monkeypatch, splits):
     assert toks == want and np.array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
 
 
+def test_v_gemm_apart_from_qkv(synth_gguf, monkeypatch):
+    """A decode batch on the int8 GEMMs with V a GEMM of its own (Q4_K_M: Q+K Q4_K, V Q6_K): V writes a
+    buffer of its own, which the decode attention reads, so no buffer both GEMMs write puts a barrier
+    between them; the tokens and logits are bit-identical to steps with V in the qkv rows."""
+    from shaderlm.kernels import ops
+    from shaderlm.models.transformer import Transformer
+    path = synth_gguf(seed=4, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    m = shaderlm.load(path, progress=False, ctx=256, fuse=True,
+                      options=Options.from_env().replace(exact_prefill=False, gemm_rows=2))
+    net, dev = m.net, m.net.dev
+    if not ops.takes_v_apart(dev, True):
+        pytest.skip("the subgroup decode attention does not run here")
+    assert all(len(L.qkv) == 2 and L.qkv[1].rows == m.config.n_kv_heads * net.args.head_dim for L in net.layers)
+    bound, make = {}, dev.bind_group
+
+    def recorded(pipe, res):
+        bg = make(pipe, res)
+        bound[id(bg)] = [r[0] if isinstance(r, tuple) else r for r in res]
+        return bg
+    monkeypatch.setattr(dev, "bind_group", recorded)
+    prompts = {s: random_ids(m.config.vocab_size, n, 40 + n) for s, n in enumerate((150, 97, 171))}
+    runs = {}
+    for apart in (True, False):
+        if not apart:
+            monkeypatch.setattr(Transformer, "v_apart", lambda self, i, step: False)
+        sv = Serving(net, slots=3, seq_ctx=224, tokens_per_submit=4)
+        ds = sv.decode_plan(3).dispatches
+        writers = [d for d in ds if any(r is net.v_new for r in bound[id(d.bind_group)])]
+        toks = _generate_batched(sv, prompts, 6)
+        runs[apart] = writers, toks, sv.last_logits(3)
+    (writers, toks, logits), (none, want, want_logits) = runs[True], runs[False]
+    gemms = [d for d in writers if d.label.startswith("matmul_few")]
+    assert len(gemms) == net.args.n_layers and not none
+    assert not any(r is net.qkv for d in gemms for r in bound[id(d.bind_group)])
+    assert sum(d.label == "attention_decode" for d in writers) == net.args.n_layers
+    assert toks == want and np.array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
+
+
 @pytest.mark.parametrize("arch,preset,quant", [("llama", "tiny-k", "Q4_K_M"), ("gemma3", "tiny", "Q8_0")])
 @pytest.mark.parametrize("splits", [False, True], ids=["one-split", "splits"])
 def test_paged_decode_after_long_prompts(synth_gguf, arch, preset, quant, splits):

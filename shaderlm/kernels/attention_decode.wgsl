@@ -12,7 +12,8 @@
 // its partial softmax (through atomics: cross-workgroup data in one dispatch) and the last of a head's
 // splits to finish, found by an atomic count, merges them. With one split busy, nothing changes.
 // BATCH (a serving step): grid z is the batch row; each row has its own sequence, position, q, K/V
-// and output rows; PAGED: its cache rows are in its pages of the pool (paged.wgsl).
+// and output rows; PAGED: its cache rows are in its pages of the pool (paged.wgsl). VAPART: the new V
+// rows come from vnew ([row][n_kv x hd]), which their own GEMM wrote, not from qkv.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value:
 // applied once, where the last partials are merged (never in a split's partial).
 #include state
@@ -35,6 +36,9 @@ struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f
 @group(0) @binding(6) var<storage, read> inv_freq: array<f32>;
 #if SINKS
 @group(0) @binding(9) var<storage, read> sinks: array<f32>;
+#endif
+#if VAPART
+@group(0) @binding(18) var<storage, read> vnew: array<f32>;
 #endif
 #if HEAD_NORM
 // HEAD_NORM (Qwen3): q and the new K RMS-normed per head (weights qn, kn) before RoPE, here rather
@@ -177,7 +181,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let kvh = wid.x / (p.n_heads / p.n_kv);
     let qo = b * (p.n_heads + 2u * p.n_kv) * hd + wid.x * hd;
     let ko = b * (p.n_heads + 2u * p.n_kv) * hd + (p.n_heads + kvh) * hd;
+#if VAPART
+    let vo = (b * p.n_kv + kvh) * hd;
+#else
     let vo = ko + p.n_kv * hd;
+#endif
     let store = sg == 0u && wid.x % (p.n_heads / p.n_kv) == 0u && split == 0u;
     var k_lo = 0u;
     if (p.window > 0u && qpos + 1u > p.window) { k_lo = qpos + 1u - p.window; }
@@ -221,7 +229,11 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var kb$c = qkv[ko + d$c + 1u];
     var kpa$c = qkv[ko + pa$c.y];
     var kpb$c = qkv[ko + pb$c.y];
+#if VAPART
+    let vcur_f$c = vec2<f32>(vnew[vo + d$c], vnew[vo + d$c + 1u]);
+#else
     let vcur_f$c = vec2<f32>(qkv[vo + d$c], qkv[vo + d$c + 1u]);
+#endif
 #end
 #if HEAD_NORM
     var ssq = 0.0;

@@ -168,7 +168,8 @@ def rope_store(dev, qkv, inv_freq, k_cache, v_cache, st, *, n_heads, n_kv, head_
 def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, scale,
               window: int = 0, softcap: float = 0.0, inv_freq=None, rope_dim: int = 0,
               neox: bool = False, shape=None, paging: Paging | None = None, batch: int = 0,
-              tiled: bool = True, prefill_tile=None, sinks=None, head_norm=None, q8_out=None) -> Dispatch:
+              tiled: bool = True, prefill_tile=None, sinks=None, head_norm=None, q8_out=None,
+              v_apart=None) -> Dispatch:
     """Causal GQA attention over the cache. With `inv_freq` (decode, one token a sequence) it also
     applies RoPE to q and the new K and stores the new K/V, replacing rope_store. `shape`: the decode
     kernel's (workgroup size, keys per step, splits, keys per split at least), or a prefix of it;
@@ -181,7 +182,8 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
     (gpt-oss's attention sinks). `head_norm`: (q weights, k weights, eps), Qwen3's per-head RMSNorm of
     q and the new K, folded into the subgroup decode kernel (fused_head_norm says where). `q8_out`: (the
     buffers, run length) of gemm.decode_batch_x: a batch's output also rounded for the int8 GEMM after
-    (rounds_attention_output says where)."""
+    (rounds_attention_output says where). `v_apart`: a buffer of a batch's new V rows ([row][n_kv x
+    head_dim]) that their own GEMM wrote, instead of qkv's (takes_v_apart says where)."""
     wg = 64
     fused = inv_freq is not None
     params = dev.uniform(n_heads, n_kv, head_dim, window, float(scale), float(softcap), rope_dim, 0)
@@ -213,11 +215,15 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
                 raise ValueError("the decode attention rounds its output for a batch's int8 GEMM only, in whole blocks")
             (xq, xd, xs), run = q8_out
             defines, more = {**defines, "Q8OUT": True, "RUN32": run == 32}, {**more, 15: xq, 16: xd, 17: xs}
+        if v_apart is not None:
+            if not batched:
+                raise ValueError("the decode attention takes the new V rows apart only in a batch")
+            defines, more = {**defines, "VAPART": True}, {**more, 18: v_apart}
         res = [more.get(i, r) for i, r in enumerate(res + [None] * (max(more, default=0) + 1 - len(res)))]
         pipe = pipeline(dev, "attention_decode", **defines)
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
-    if head_norm is not None or q8_out is not None:
-        raise ValueError("the per-head norm and the output's rounding fold into the subgroup decode kernel only")
+    if head_norm is not None or q8_out is not None or v_apart is not None:
+        raise ValueError("the per-head norm, the output's rounding and V apart are the subgroup decode kernel's only")
     tile = None if fused or not tiled or (paging and paging.rows is not None) else (
         prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
@@ -257,6 +263,12 @@ def rounds_attention_output(dev, fused_decode: bool, n_heads: int, head_dim: int
     wg, _, splits, _ = decode_attention_shape(dev, n_heads, shape)
     return decode_attention_bytes(dev, head_dim, wg, splits, True) <= dev.limit("max-compute-workgroup-storage-size",
                                                                                   16384)
+
+
+def takes_v_apart(dev, fused_decode: bool) -> bool:
+    """attention() can take a batch's new V rows from a buffer of their own (v_apart): the fused decode
+    step on an adapter with subgroups, with room for its 17 storage bindings at most."""
+    return fused_decode and dev.has_subgroups and dev.max_buffers >= 17
 
 
 PREFILL_ATTENTION_TILES = ((64, 32), (64, 16), (32, 32), (32, 16), (16, 32))     # (queries, keys), by preference

@@ -312,6 +312,7 @@ class Transformer:
         self.x = dev.buffer(B * a.dim * f4, label="x")
         self.xn = dev.buffer(B * a.dim * f4, label="xn")
         self.qkv = dev.buffer(B * (a.q_dim + 2 * a.kv_dim) * f4, label="qkv")
+        self.v_new = dev.buffer(B * a.kv_dim * f4, label="v_new")     # a decode batch's V rows (v_apart)
         self.attn = dev.buffer(B * a.q_dim * f4, label="attn")
         if not a.n_experts:                 # a mixture of experts has its own (below)
             self.gu = dev.buffer(B * 2 * a.ffn_dim * f4, label="gate_up")
@@ -364,12 +365,13 @@ class Transformer:
         ffn_fused = decode and (moe or len(L.gate_up) == 1 and len(L.gate_up[0].chunks) == 1)
         out = []
         src, norm = self.norm_input(i, "attn", decode, out)
-        out += self.qkv_projection(i, tt, src, norm, decode)
+        v_apart = self.v_apart(i, step)
+        out += self.qkv_projection(i, tt, src, norm, decode, v_apart)
         if L.q_norm is not None and not ops.fused_head_norm(self.dev, step):
             out.append(ops.head_norm(self.dev, self.qkv, L.q_norm, L.k_norm, self.b.state, n_heads=a.n_heads,
                                      n_kv=a.n_kv_heads, head_dim=a.head_dim, eps=a.rms_eps))
         o_x = self.o_input_blocks(i, step)
-        out += self.attention_ops(i, step, o_x)
+        out += self.attention_ops(i, step, o_x, v_apart)
         out += self.residual(i, "attn", L.wo, self.attn, tt, next_norm=None if ffn_fused else L.ffn_norm,
                              **({"x_ready": True} if o_x else {}))
         src, norm = self.norm_input(i, "ffn", ffn_fused, out)
@@ -402,21 +404,34 @@ class Transformer:
         out.append(ops.rmsnorm(self.dev, self.x, w, self.xn, self.b.state, dim=a.dim, eps=a.rms_eps))
         return self.xn, {}
 
-    def qkv_projection(self, i: int, tt: int, src, norm: dict, decode: bool) -> list:
+    def qkv_projection(self, i: int, tt: int, src, norm: dict, decode: bool, v_apart: bool = False) -> list:
         """Layer i's Q/K/V matmuls into the qkv rows (a shared bias is indexed by output row). In decode,
-        Q+K of one type and V of another (Q4_K_M) run as one dispatch (gemv_pair)."""
+        Q+K of one type and V of another (Q4_K_M) run as one dispatch (gemv_pair). With `v_apart`, V's
+        GEMM writes v_new instead."""
         a, L = self.args, self.layers[i]
         parts, qkv_w = L.qkv, a.q_dim + 2 * a.kv_dim
         if decode and len(parts) == 2 and L.qkv_bias is None and can_pair(*parts):
             return gemv_pair(self.dev, parts[0], parts[1], src, self.qkv, y_stride=qkv_w, batch=self.b.batch,
                              nt_max=self.batch_tokens, **norm)
-        return self.matmuls_over(parts, src, self.qkv, y_stride=qkv_w, bias=L.qkv_bias, **norm)
+        return self.matmuls_over(parts, src, self.qkv, y_stride=qkv_w, bias=L.qkv_bias,
+                                 last_apart=(self.v_new, a.kv_dim) if v_apart else None, **norm)
 
-    def matmuls_over(self, ws, x, y, **kw) -> list:
+    def v_apart(self, i: int, step: bool) -> bool:
+        """Whether a decode batch's V GEMM writes v_new rather than qkv's V rows, where V is a GEMM of its
+        own: wgpu puts a barrier between two dispatches that bind one buffer writable, so apart from
+        Q+K's it can run beside them (the decode attention then reads V there: ops.takes_v_apart)."""
+        a, L, b = self.args, self.layers[i], self.b
+        return bool(b.gemm and len(L.qkv) > 1 and L.qkv[-1].rows == a.kv_dim and L.qkv_bias is None
+                    and ops.takes_v_apart(self.dev, step))
+
+    def matmuls_over(self, ws, x, y, last_apart=None, **kw) -> list:
         """The matmuls of `ws` over one x into consecutive rows of y from row 0 (Q/K/V, gate/up split by
-        type): where they are int8 GEMMs, x is rounded once for all of them (x_after, gemm.shared_run)."""
+        type): where they are int8 GEMMs, x is rounded once for all of them (x_after, gemm.shared_run).
+        `last_apart`: (buffer, row stride) that the last one writes instead, from row 0."""
         out, row0, prev, run = [], 0, None, gemm.shared_run(ws)
-        for w in ws:
+        for n, w in enumerate(ws):
+            if last_apart and n == len(ws) - 1:
+                y, row0, kw = last_apart[0], 0, {**kw, "y_stride": last_apart[1]}
             out += self.matmul(w, x, y, row0=row0, x_after=prev, x_run=run, **kw)
             row0, prev = row0 + w.rows, w
         return out
@@ -447,9 +462,10 @@ class Transformer:
         return dict(scale=1.0 / math.sqrt(a.head_dim), window=a.sliding_window if a.windowed(i) else 0,
                     softcap=0.0, inv_freq=self.inv_freq)
 
-    def attention_ops(self, i: int, decode: bool, o_x=None) -> list:
+    def attention_ops(self, i: int, decode: bool, o_x=None, v_apart: bool = False) -> list:
         """RoPE on q and k, the new K/V into the cache, and causal GQA attention over it: one dispatch
-        in the fused decode step, two otherwise. `o_x`: o_input_blocks', the output also rounded there."""
+        in the fused decode step, two otherwise. `o_x`: o_input_blocks', the output also rounded there;
+        `v_apart`: the new V rows from v_new (qkv_projection's)."""
         a, dev, b = self.args, self.dev, self.b
         p = self.attention_params(i)
         inv_freq = p.pop("inv_freq")
@@ -459,7 +475,7 @@ class Transformer:
             hn = (L.q_norm, L.k_norm, a.rms_eps) if L.q_norm is not None and ops.fused_head_norm(dev, decode) else None
             return [ops.attention(dev, self.qkv, b.k[i], b.v[i], self.attn, b.state, **attn, inv_freq=inv_freq,
                                   rope_dim=a.rope_dim, neox=a.rope_neox, shape=self.attention_shape, batch=b.batch,
-                                  head_norm=hn, q8_out=o_x)]
+                                  head_norm=hn, q8_out=o_x, v_apart=self.v_new if v_apart else None)]
         return [ops.rope_store(dev, self.qkv, inv_freq, b.k[i], b.v[i], b.state, n_heads=a.n_heads,
                                n_kv=a.n_kv_heads, head_dim=a.head_dim, rope_dim=a.rope_dim, neox=a.rope_neox,
                                paging=b.paging),
