@@ -229,13 +229,15 @@ def test_attention_rounds_the_o_input(synth_gguf, monkeypatch, splits):
     assert toks == want and np.array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
 
 
-def test_v_gemm_apart_from_qkv(synth_gguf, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma3"])
+def test_v_gemm_apart_from_qkv(synth_gguf, monkeypatch, arch):
     """A decode batch on the int8 GEMMs with V a GEMM of its own (Q4_K_M: Q+K Q4_K, V Q6_K): V writes a
     buffer of its own, which the decode attention reads, so no buffer both GEMMs write puts a barrier
-    between them; the tokens and logits are bit-identical to steps with V in the qkv rows."""
+    between them; the tokens and logits are bit-identical to steps with V in the qkv rows (Qwen3 with
+    its per-head norms in the attention, Gemma 3 with its sliding windows)."""
     from shaderlm.kernels import ops
     from shaderlm.models.transformer import Transformer
-    path = synth_gguf(seed=4, preset="tiny-k", arch="llama", quant="Q4_K_M")
+    path = synth_gguf(seed=4, preset="tiny-k", arch=arch, quant="Q4_K_M")
     m = shaderlm.load(path, progress=False, ctx=256, fuse=True,
                       options=Options.from_env().replace(exact_prefill=False, gemm_rows=2))
     net, dev = m.net, m.net.dev
