@@ -10,34 +10,46 @@ const QW: u32 = 52u;
 
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..63).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
-    let o = blk * 52u;
-    let g = j >> 2u;                 // 32-element group 0..7
-    let h = g >> 2u;                 // half
-    let q4 = (j & 3u) * 2u;          // word within a 32-byte run
-    let lw = o + h * 16u + (g & 1u) * 8u + q4;
-    let lsh = (g & 2u) * 2u;         // 0 or 4
-    let hw = o + 32u + h * 8u + q4;
-    let hsh = (g & 3u) * 2u;
-    return vec2<u32>(((word(lw) >> lsh) & 0x0F0F0F0Fu) | (((word(hw) >> hsh) & 0x03030303u) << 4u),
-                     ((word(lw + 1u) >> lsh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> hsh) & 0x03030303u) << 4u));
+    let lw = k6_low_word(blk, j);
+    let hw = k6_high_word(blk, j);
+    return k6_bytes(vec2<u32>(word(lw), word(lw + 1u)), vec2<u32>(word(hw), word(hw + 1u)), j);
+}
+// the first of the two words holding elements [8j, 8j+8)'s low 4 bits (even: half a 16-byte load)
+fn k6_low_word(blk: u32, j: u32) -> u32 {
+    let g = j >> 2u;                 // 32-element group 0..7 (half g >> 2)
+    return blk * 52u + (g >> 2u) * 16u + (g & 1u) * 8u + (j & 3u) * 2u;
+}
+// ... their high 2 bits, and their scale
+fn k6_high_word(blk: u32, j: u32) -> u32 { return blk * 52u + 32u + (j >> 4u) * 8u + (j & 3u) * 2u; }
+fn k6_scale_word(blk: u32, j: u32) -> u32 { return blk * 52u + 48u + (j >> 3u); }
+// elements [8j, 8j+8) as bytes from the words of their low bits l and high bits h
+fn k6_bytes(l: vec2<u32>, h: vec2<u32>, j: u32) -> vec2<u32> {
+    let g = j >> 2u;
+    return ((l >> vec2<u32>((g & 2u) * 2u)) & vec2<u32>(0x0F0F0F0Fu))
+         | (((h >> vec2<u32>((g & 3u) * 2u)) & vec2<u32>(0x03030303u)) << vec2<u32>(4u));
 }
 
-// d times the int8 scale of elements [8j, 8j+8) (one per 16 elements).
-fn k6_d(blk: u32, j: u32) -> f32 {
-    let sw = word(blk * 52u + 48u + (j >> 3u));
-    return split_d(blk) * f32(bitcast<i32>(sw << (24u - ((j >> 1u) & 3u) * 8u)) >> 24u);
+// d times the int8 scale of elements [8j, 8j+8) (one per 16 elements), from the scale word sw holding it
+fn k6_scale(d: f32, sw: u32, j: u32) -> f32 {
+    return d * f32(bitcast<i32>(sw << (24u - ((j >> 1u) & 3u) * 8u)) >> 24u);
 }
+fn k6_d(blk: u32, j: u32) -> f32 { return k6_scale(split_d(blk), word(k6_scale_word(blk, j)), j); }
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let dl = k6_d(blk, j);
-    let q = q8w(blk, j);
-    return V8((u8x4(q.x) - 32.0) * dl, (u8x4(q.y) - 32.0) * dl);
-}
+fn k6_values(q: vec2<u32>, dl: f32) -> V8 { return V8((u8x4(q.x) - 32.0) * dl, (u8x4(q.y) - 32.0) * dl); }
+fn dq8(blk: u32, j: u32) -> V8 { return k6_values(q8w(blk, j), k6_d(blk, j)); }
 
-fn iq8(blk: u32, j: u32) -> IQ8 {
-    let dl = k6_d(blk, j);
-    return IQ8(signed_bytes(q8w(blk, j), 32u), dl, 0.0);
+#if W4
+// Loads where w is vec4s (W4, the tensor-core GEMM): the words of elements [8j, 8j+8)'s low and high bits,
+// each half a 16-byte load, and their scale word from the block's last vec4 (a warp spans rows there, so
+// each load touches a line a row).
+struct Raw8 { l: vec2<u32>, h: vec2<u32>, sw: u32, d: f32 }
+fn raw8(blk: u32, j: u32) -> Raw8 {
+    return Raw8(words2(k6_low_word(blk, j)), words2(k6_high_word(blk, j)), word(k6_scale_word(blk, j)), split_d(blk));
 }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return k6_values(k6_bytes(r.l, r.h, j), k6_scale(r.d, r.sw, j)); }
+#endif
+
+fn iq8(blk: u32, j: u32) -> IQ8 { return IQ8(signed_bytes(q8w(blk, j), 32u), k6_d(blk, j), 0.0); }
 
 #if WIDE
 // Chunk c (0..3): half hh = c >> 1, l = 16m .. 16m + 16 with m = c & 1: ql[64hh + l] (vec4 4hh + m),
