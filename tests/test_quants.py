@@ -119,10 +119,10 @@ def offset_term(name: str, raw: np.ndarray, cols: int) -> np.ndarray:
     return reference(name, blocks.reshape(raw.shape), cols)
 
 
-def check(dev, name: str, raw: np.ndarray, rows: int, cols: int, max_binding=None):
+def check(dev, name: str, raw: np.ndarray, rows: int, cols: int, max_binding=None, raw8=False):
     ref = reference(name, raw, cols)
     wt = upload_weight(dev, "t", name, (rows, cols), raw.reshape(-1), max_binding=max_binding)
-    got = dequantize(dev, wt)
+    got = dequantize(dev, wt, raw8=raw8)
     assert got.shape == ref.shape
     assert np.isfinite(ref).all()
     if name in EXACT:
@@ -143,6 +143,19 @@ def test_random_blocks(dev, name):
     for rows in ROWS:
         for cols in cols_for(name):
             check(dev, name, random_bytes(name, rows, cols, rng), rows, cols)
+
+
+@pytest.mark.parametrize("name", [n for n in ALL if QUANT_TYPES[n].raw8])
+def test_raw8_loads_decode_the_same(dev, name):
+    """The tensor-core GEMM's loads of a type (raw8 / dq8_raw: w as vec4s, W4) decode every element as
+    gguf-py does, in blocks of every position and across a binding's chunks."""
+    rng = np.random.default_rng(11 + sum(map(ord, name)))
+    for rows in ROWS:
+        for cols in cols_for(name):
+            check(dev, name, random_bytes(name, rows, cols, rng), rows, cols, raw8=True)
+    rows, cols = 37, cols_for(name)[-1]
+    row_bytes = QUANT_TYPES[name].row_bytes(cols)
+    check(dev, name, random_bytes(name, rows, cols, rng), rows, cols, max_binding=row_bytes * 9, raw8=True)
 
 
 @pytest.mark.parametrize("name", sorted(QUANTIZABLE))

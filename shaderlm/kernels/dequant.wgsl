@@ -1,12 +1,13 @@
 // Dequantize rows of a weight tensor to f32 (tests, and any op that wants plain floats).
-// out[r * K + k] for rows [0, n_rows) of this chunk; one thread per 8-element group.
+// out[r * K + k] for rows [0, n_rows) of this chunk; one thread per 8-element group (W4: through the
+// type's raw8 and dq8_raw, the tensor-core GEMM's loads).
 // ROW_MAX: instead out[r] = max |W[r]| (the tensor-core GEMM's grid, matmul_tc.wgsl); a workgroup a row.
 #include quant_common
 #include {{QUANT}}
 
 struct P { k: u32, n_rows: u32, dbase: u32, _pad: u32 }
 @group(0) @binding(0) var<uniform> p: P;
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> w: array<WeightWord>;      // vec4s with W4 (tests: raw8's loads)
 #if ROW_MAX
 #include reduce
 @group(0) @binding(2) var<storage, read_write> out: array<f32>;
@@ -37,7 +38,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(num_workgroups) 
     let row = g / groups_per_row;
     let gi = g % groups_per_row;
     let blocks_per_row = p.k / QK;
-    let v = dq8(row * blocks_per_row + gi / (QK / 8u), gi % (QK / 8u));
+    let blk = row * blocks_per_row + gi / (QK / 8u);
+#if W4
+    let v = dq8_raw(raw8(blk, gi % (QK / 8u)), gi % (QK / 8u));
+#else
+    let v = dq8(blk, gi % (QK / 8u));
+#endif
     out[g * 2u] = v.a;
     out[g * 2u + 1u] = v.b;
 }

@@ -59,7 +59,7 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("F32", 1, 4, None, gpu_elems=8, wide=(32, 1, 128)),
     QuantType("F16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
     QuantType("BF16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
-    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True),       # d            -> 32-byte blocks
+    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True, raw8=True),       # d            -> 32-byte blocks
     QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True, raw8=True),   # d      -> 16
     QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True, iq8_min=True),  # d, m         -> 16
     QuantType("Q5_0", 32, 22, (0, 2), wide=(32, 1, 36)),                      # d            -> 20 (word aligned only)

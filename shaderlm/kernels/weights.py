@@ -86,9 +86,10 @@ def row_max(dev, weight: GPUWeight, chunk: WeightChunk):
     return chunk.row_max
 
 
-def dequantize(dev, weight: GPUWeight) -> np.ndarray:
-    """The f32 values of a GPUWeight, dequantized on the GPU (row-major rows x cols)."""
-    pipe = pipeline(dev, "dequant", QUANT=weight.qtype.kernel)
+def dequantize(dev, weight: GPUWeight, raw8: bool = False) -> np.ndarray:
+    """The f32 values of a GPUWeight, dequantized on the GPU (row-major rows x cols). `raw8`: through the
+    type's 16-byte loads (QuantType.raw8), as the tensor-core GEMM reads it."""
+    pipe = pipeline(dev, "dequant", QUANT=weight.qtype.kernel, W4=raw8)
     out = np.empty((weight.rows, weight.cols), np.float32)
     for c in weight.chunks:
         obuf = dev.buffer(c.rows * weight.cols * 4)

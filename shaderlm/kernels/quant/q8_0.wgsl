@@ -13,6 +13,14 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
     return IQ8(vec2<u32>(word(o), word(o + 1u)), split_d(blk), 0.0);
 }
 
+#if W4
+// Loads where w is vec4s (W4; the tensor-core GEMM): elements [8j, 8j+8)'s two words, half a 16-byte
+// load (two groups share it), and the block's scale.
+struct Raw8 { q: vec2<u32>, d: f32 }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(blk * 8u + j * 2u), split_d(blk)); }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return V8(i8x4(r.q.x) * r.d, i8x4(r.q.y) * r.d); }
+#endif
+
 #if WIDE
 const WQK: u32 = QK;          // elements per wide block
 const CPB: u32 = 1u;
