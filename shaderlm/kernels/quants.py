@@ -61,7 +61,8 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("BF16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
     QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True, raw8=True),       # d            -> 32-byte blocks
     QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True, raw8=True),   # d      -> 16
-    QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True, iq8_min=True),  # d, m         -> 16
+    QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True, iq8_min=True,
+              raw8=True),                                                               # d, m         -> 16
     QuantType("Q5_0", 32, 22, (0, 2), wide=(32, 1, 36)),                      # d            -> 20 (word aligned only)
     QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24), iq8_min=True),         # d, m, qh     -> 16
     QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True, iq8_min=True,

@@ -20,9 +20,9 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
 // Loads where w is vec4s (W4; the tensor-core GEMM: QuantType.raw8_int8 is off): run j's two words of
 // nibbles in one 16-byte load (the block's runs share it) and the block's scale.
 struct Raw8 { q: vec2<u32>, d: f32 }
-fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(blk * 4u + (j & 1u) * 2u), split_d(blk)); }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(nib32_word(blk, j)), split_d(blk)); }
 fn dq8_raw(r: Raw8, j: u32) -> V8 {
-    let q = (r.q >> vec2<u32>((j >> 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu);
+    let q = nib32_bytes(r.q, j);
     return V8((u8x4(q.x) - 8.0) * r.d, (u8x4(q.y) - 8.0) * r.d);
 }
 #endif

@@ -5,16 +5,21 @@ const QW: u32 = 4u;
 
 #include quant/nibbles32
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let dm = unpack2x16float(word(p.dbase + blk));
-    let q = q8w(blk, j);
-    return V8(u8x4(q.x) * dm.x + dm.y, u8x4(q.y) * dm.x + dm.y);
-}
+fn q4_1_values(q: vec2<u32>, dm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * dm.x + dm.y, u8x4(q.y) * dm.x + dm.y); }
+fn dq8(blk: u32, j: u32) -> V8 { return q4_1_values(q8w(blk, j), unpack2x16float(word(p.dbase + blk))); }
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let dm = unpack2x16float(word(p.dbase + blk));
     return IQ8(q8w(blk, j), dm.x, dm.y);
 }
+
+#if W4
+// Loads where w is vec4s (W4; the tensor-core GEMM): group j's two words of nibbles, half a 16-byte load
+// (the block's groups share it), and the block's d and m.
+struct Raw8 { q: vec2<u32>, dm: vec2<f32> }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(nib32_word(blk, j)), unpack2x16float(word(p.dbase + blk))); }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return q4_1_values(nib32_bytes(r.q, j), r.dm); }
+#endif
 
 #if WIDE
 const WQK: u32 = QK;          // elements per wide block
