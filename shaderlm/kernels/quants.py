@@ -59,7 +59,7 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("F32", 1, 4, None, gpu_elems=8, wide=(32, 1, 128)),
     QuantType("F16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
     QuantType("BF16", 1, 2, None, gpu_elems=8, wide=(32, 1, 64)),
-    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True, raw8=True),       # d            -> 32-byte blocks
+    QuantType("Q8_0", 32, 34, (0, 2), wide=(32, 1, 36), int8_dot=True, raw8=True),  # d          -> 32-byte blocks
     QuantType("Q4_0", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True, raw8=True),   # d      -> 16
     QuantType("Q4_1", 32, 20, (0, 4), wide=(32, 1, 20), int8_dot=True, iq8_min=True,
               raw8=True),                                                               # d, m         -> 16
@@ -68,7 +68,8 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True, iq8_min=True,
               raw8=True, raw8_int8=True),                                                   # 144 = 9 x 16
     QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48), k4_header=True, iq8_min=True),  # 176 = 11 x 16
-    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True, iq8_run=16, raw8=True),  # d -> 208 = 13 x 16
+    QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True, iq8_run=16,
+              raw8=True),                                                               # d -> 208 = 13 x 16
     QuantType("Q2_K", 256, 84, (80, 4), wide=(256, 4, 36), int8_dot=True, iq8_min=True, iq8_run=16),  # d, dmin -> 80
     QuantType("Q3_K", 256, 110, (96, 14), wide=(256, 4, 52), int8_dot=True, iq8_run=16),  # scales, d    -> 96 = 6 x 16
     QuantType("IQ4_NL", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True),     # d            -> 16

@@ -2,10 +2,10 @@
 const QK: u32 = 32u;
 const QW: u32 = 8u;
 
+fn q8_0_values(q: vec2<u32>, d: f32) -> V8 { return V8(i8x4(q.x) * d, i8x4(q.y) * d); }
 fn dq8(blk: u32, j: u32) -> V8 {
-    let d = split_d(blk);
     let o = blk * 8u + j * 2u;
-    return V8(i8x4(word(o)) * d, i8x4(word(o + 1u)) * d);
+    return q8_0_values(vec2<u32>(word(o), word(o + 1u)), split_d(blk));
 }
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
@@ -18,7 +18,7 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
 // load (two groups share it), and the block's scale.
 struct Raw8 { q: vec2<u32>, d: f32 }
 fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(blk * 8u + j * 2u), split_d(blk)); }
-fn dq8_raw(r: Raw8, j: u32) -> V8 { return V8(i8x4(r.q.x) * r.d, i8x4(r.q.y) * r.d); }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return q8_0_values(r.q, r.d); }
 #endif
 
 #if WIDE
