@@ -143,9 +143,10 @@ def quantize_q8(dev, x, st, *, k: int, tokens: int, from_state_row: bool, run: i
         wg = min(ROW_WG, max(64, 1 << (nb - 1).bit_length())) if norm is not None else 64
     if ready:
         return [], bufs
+    normed = {"BPT": cdiv(nb, wg)} if norm is not None and not digits else {}     # the normed pass's blocks a thread
     pipe = pipeline(dev, "quantize_q8", RUN32=run == 32, WG=wg, NORM=norm is not None, TOKEN=digits,
                     REDUCE=norm is not None or digits,          # the workgroup reductions (reduce.wgsl)
-                    BPT=cdiv(nb, wg), GLU=glu_input is not None, **(glu_input or {}))
+                    GLU=glu_input is not None, **normed, **(glu_input or {}))
     res = [dev.uniform(k, int(from_state_row), rows_per_token, tokens * k // 4), st, x, *bufs]
     if norm is not None:
         res += [None] * (6 - len(res)) + [norm, dev.uniform(float(eps), 0, 0, 0)]
