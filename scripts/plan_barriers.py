@@ -26,14 +26,9 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=16, help="the step's sequences")
     a = ap.parse_args()
     m = shaderlm.load(a.model, progress=False, ctx=256, batch=a.rows)
-    dev, bound, make = m.net.dev, {}, m.net.dev.bind_group
-
-    def recorded(pipe, res):
-        bg = make(pipe, res)
-        bound[id(bg)] = [(i, r[0] if isinstance(r, tuple) else r) for i, r in enumerate(res) if r is not None]
-        return bg
-    dev.bind_group = recorded
-    plan = Serving(m.net, slots=a.rows, seq_ctx=128, tokens_per_submit=1).decode_plan(a.rows)
+    dev = m.net.dev
+    with dev.recording_bindings() as bound:
+        plan = Serving(m.net, slots=a.rows, seq_ctx=128, tokens_per_submit=1).decode_plan(a.rows)
     access = {id(pipe): {int(b): mode for b, mode in re.findall(
         r"@binding\((\d+)\)\s*var<storage,\s*(read_write|read)>", load_wgsl(kernel, dict(defines)))}
         for (kernel, defines), pipe in compiled(dev).items()}
@@ -41,7 +36,7 @@ def main() -> None:
     used, since, barriers, waw = {}, [], 0, 0      # buffer -> "w" / "r" since the last barrier
     for d in plan.dispatches:
         modes, reads, writes = access.get(id(d.pipeline), {}), set(), set()
-        for i, b in bound.get(id(d.bind_group), []):
+        for i, b in bound.get(id(d.bind_group), {}).items():
             if i in modes:
                 (writes if modes[i] == "read_write" else reads).add(id(b))
                 names.setdefault(id(b), getattr(b, "label", "") or f"buffer {len(names)}")

@@ -244,27 +244,21 @@ def test_v_gemm_apart_from_qkv(synth_gguf, monkeypatch, arch):
     if not ops.takes_v_apart(dev, True):
         pytest.skip("the subgroup decode attention does not run here")
     assert all(len(L.qkv) == 2 and L.qkv[1].rows == m.config.n_kv_heads * net.args.head_dim for L in net.layers)
-    bound, make = {}, dev.bind_group
-
-    def recorded(pipe, res):
-        bg = make(pipe, res)
-        bound[id(bg)] = [r[0] if isinstance(r, tuple) else r for r in res]
-        return bg
-    monkeypatch.setattr(dev, "bind_group", recorded)
     prompts = {s: random_ids(m.config.vocab_size, n, 40 + n) for s, n in enumerate((150, 97, 171))}
     runs = {}
-    for apart in (True, False):
-        if not apart:
-            monkeypatch.setattr(Transformer, "v_apart", lambda self, i, step: False)
-        sv = Serving(net, slots=3, seq_ctx=224, tokens_per_submit=4)
-        ds = sv.decode_plan(3).dispatches
-        writers = [d for d in ds if any(r is net.v_new for r in bound[id(d.bind_group)])]
-        toks = _generate_batched(sv, prompts, 6)
-        runs[apart] = writers, toks, sv.last_logits(3)
+    with dev.recording_bindings() as bound:
+        for apart in (True, False):
+            if not apart:
+                monkeypatch.setattr(Transformer, "v_apart", lambda self, i, step: False)
+            sv = Serving(net, slots=3, seq_ctx=224, tokens_per_submit=4)
+            ds = sv.decode_plan(3).dispatches
+            writers = [d for d in ds if any(r is net.v_new for r in bound[id(d.bind_group)].values())]
+            toks = _generate_batched(sv, prompts, 6)
+            runs[apart] = writers, toks, sv.last_logits(3)
     (writers, toks, logits), (none, want, want_logits) = runs[True], runs[False]
     gemms = [d for d in writers if d.label.startswith("matmul_few")]
     assert len(gemms) == net.args.n_layers and not none
-    assert not any(r is net.qkv for d in gemms for r in bound[id(d.bind_group)])
+    assert not any(r is net.qkv for d in gemms for r in bound[id(d.bind_group)].values())
     assert sum(d.label == "attention_decode" for d in writers) == net.args.n_layers
     assert toks == want and np.array_equal(logits.view(np.uint32), want_logits.view(np.uint32))
 

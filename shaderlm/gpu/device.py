@@ -249,6 +249,23 @@ class Device:
             entries.append({"binding": i, "resource": {"buffer": buf, "offset": off, "size": size}})
         return self.device.create_bind_group(layout=pipeline.get_bind_group_layout(0), entries=entries)
 
+    @contextmanager
+    def recording_bindings(self):
+        """While inside, bind_group also notes each group's buffers: yields {id(group): {binding: buffer}}
+        (tools and tests that ask which dispatch binds what: the bindings are not readable from wgpu)."""
+        bound, make = {}, self.bind_group
+
+        def recording(pipeline, resources):
+            group = make(pipeline, resources)
+            bound[id(group)] = {i: r[0] if isinstance(r, tuple) else r for i, r in enumerate(resources)
+                                if r is not None}
+            return group
+        self.bind_group = recording
+        try:
+            yield bound
+        finally:
+            del self.bind_group
+
     # ---- submission ----------------------------------------------------------------------------
     def submit(self, command_buffers):
         """Submit; returns the submission's index for read_after() where the backend has one."""
