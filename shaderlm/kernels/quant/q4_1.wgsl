@@ -5,11 +5,12 @@ const QW: u32 = 4u;
 
 #include quant/nibbles32
 
+fn q4_1_dm(blk: u32) -> vec2<f32> { return unpack2x16float(word(p.dbase + blk)); }     // (d, m)
 fn q4_1_values(q: vec2<u32>, dm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * dm.x + dm.y, u8x4(q.y) * dm.x + dm.y); }
-fn dq8(blk: u32, j: u32) -> V8 { return q4_1_values(q8w(blk, j), unpack2x16float(word(p.dbase + blk))); }
+fn dq8(blk: u32, j: u32) -> V8 { return q4_1_values(q8w(blk, j), q4_1_dm(blk)); }
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
-    let dm = unpack2x16float(word(p.dbase + blk));
+    let dm = q4_1_dm(blk);
     return IQ8(q8w(blk, j), dm.x, dm.y);
 }
 
@@ -17,7 +18,7 @@ fn iq8(blk: u32, j: u32) -> IQ8 {
 // Loads where w is vec4s (W4; the tensor-core GEMM): group j's two words of nibbles, half a 16-byte load
 // (the block's groups share it), and the block's d and m.
 struct Raw8 { q: vec2<u32>, dm: vec2<f32> }
-fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(nib32_word(blk, j)), unpack2x16float(word(p.dbase + blk))); }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(nib32_word(blk, j)), q4_1_dm(blk)); }
 fn dq8_raw(r: Raw8, j: u32) -> V8 { return q4_1_values(nib32_bytes(r.q, j), r.dm); }
 #endif
 

@@ -2,22 +2,19 @@
 const QK: u32 = 32u;
 const QW: u32 = 8u;
 
+// the first of elements [8j, 8j+8)'s two words (even: half a 16-byte load)
+fn q8_0_word(blk: u32, j: u32) -> u32 { return blk * 8u + j * 2u; }
+fn q8_0_words(blk: u32, j: u32) -> vec2<u32> { let o = q8_0_word(blk, j); return vec2<u32>(word(o), word(o + 1u)); }
 fn q8_0_values(q: vec2<u32>, d: f32) -> V8 { return V8(i8x4(q.x) * d, i8x4(q.y) * d); }
-fn dq8(blk: u32, j: u32) -> V8 {
-    let o = blk * 8u + j * 2u;
-    return q8_0_values(vec2<u32>(word(o), word(o + 1u)), split_d(blk));
-}
+fn dq8(blk: u32, j: u32) -> V8 { return q8_0_values(q8_0_words(blk, j), split_d(blk)); }
 
-fn iq8(blk: u32, j: u32) -> IQ8 {
-    let o = blk * 8u + j * 2u;
-    return IQ8(vec2<u32>(word(o), word(o + 1u)), split_d(blk), 0.0);
-}
+fn iq8(blk: u32, j: u32) -> IQ8 { return IQ8(q8_0_words(blk, j), split_d(blk), 0.0); }
 
 #if W4
 // Loads where w is vec4s (W4; the tensor-core GEMM): elements [8j, 8j+8)'s two words, half a 16-byte
 // load (two groups share it), and the block's scale.
 struct Raw8 { q: vec2<u32>, d: f32 }
-fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(blk * 8u + j * 2u), split_d(blk)); }
+fn raw8(blk: u32, j: u32) -> Raw8 { return Raw8(words2(q8_0_word(blk, j)), split_d(blk)); }
 fn dq8_raw(r: Raw8, j: u32) -> V8 { return q8_0_values(r.q, r.d); }
 #endif
 
