@@ -8,20 +8,34 @@ const QW: u32 = 44u;
 
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..31).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
-    let o = blk * 44u;
+    let wi = k5_low_word(blk, j);
+    let hw = k5_high_word(blk, j);
+    return k5_bytes(vec2<u32>(word(wi), word(wi + 1u)), vec2<u32>(word(hw), word(hw + 1u)), j);
+}
+// the first of the two words holding their low 4 bits, and of the two holding their fifth bits (both
+// even: half a 16-byte load)
+fn k5_low_word(blk: u32, j: u32) -> u32 { return blk * 44u + 12u + (j >> 3u) * 8u + (j & 3u) * 2u; }
+fn k5_high_word(blk: u32, j: u32) -> u32 { return blk * 44u + 4u + (j & 3u) * 2u; }
+// their bytes from those words: sub-block s = j >> 2 in the low (s even) or high nibbles, its fifth bit bit s
+fn k5_bytes(q: vec2<u32>, qh: vec2<u32>, j: u32) -> vec2<u32> {
     let s = j >> 2u;
-    let hw = o + 4u + (j & 3u) * 2u;
-    let wi = o + 12u + (s >> 1u) * 8u + (j & 3u) * 2u;
-    let sh = (s & 1u) * 4u;
-    return vec2<u32>(((word(wi) >> sh) & 0x0F0F0F0Fu) | (((word(hw) >> s) & 0x01010101u) << 4u),
-                     ((word(wi + 1u) >> sh) & 0x0F0F0F0Fu) | (((word(hw + 1u) >> s) & 0x01010101u) << 4u));
+    return ((q >> vec2<u32>((s & 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu))
+         | (((qh >> vec2<u32>(s)) & vec2<u32>(0x01010101u)) << vec2<u32>(4u));
 }
 
-fn dq8(blk: u32, j: u32) -> V8 {
-    let sm = k4_sub_scales(blk * 44u, j >> 2u);      // (d * sc, dmin * mn)
-    let q = q8w(blk, j);
-    return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y);
+// (d * sc, dmin * mn) applied to a run's bytes q
+fn k5_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
+fn dq8(blk: u32, j: u32) -> V8 { return k5_values(q8w(blk, j), k4_sub_scales(blk * 44u, j >> 2u)); }
+
+#if W4
+// Loads where w is vec4s (W4; the tensor-core GEMM): the block's header, and run j's words of low bits
+// and of fifth bits, each half a 16-byte load.
+struct Raw8 { h: vec4<u32>, q: vec2<u32>, qh: vec2<u32> }
+fn raw8(blk: u32, j: u32) -> Raw8 {
+    return Raw8(w[blk * 11u], words2(k5_low_word(blk, j)), words2(k5_high_word(blk, j)));
 }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return k5_values(k5_bytes(r.q, r.qh, j), k4_scales(r.h, j >> 2u)); }
+#endif
 
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let sm = k4_sub_scales(blk * 44u, j >> 2u);
