@@ -34,12 +34,14 @@ fn word(i: u32) -> u32 {
 alias WeightWord = u32;
 fn word(i: u32) -> u32 { return w[i]; }
 #endif
-#if W4
-// words i and i + 1 (i even) in one 16-byte load
+// words i and i + 1 (i even): with vec4s, in one 16-byte load
+#if WIDE || W4
 fn words2(i: u32) -> vec2<u32> {
     let v = w[i >> 2u];
     return select(v.xy, v.zw, (i & 2u) != 0u);
 }
+#else
+fn words2(i: u32) -> vec2<u32> { return vec2<u32>(w[i], w[i + 1u]); }
 #endif
 
 // 1.5 * 2^23: adding it to a float leaves round(v) in the low mantissa bits; an integer s below 2^22 in

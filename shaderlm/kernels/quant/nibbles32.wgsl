@@ -4,7 +4,7 @@
 // Elements [8j, 8j+8) of block blk as two words of bytes (0..15).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let wi = nib32_word(blk, j);
-    return nib32_bytes(vec2<u32>(word(wi), word(wi + 1u)), j);
+    return nib32_bytes(words2(wi), j);
 }
 // the first of the two words holding them (even: half a 16-byte load, which the block's groups share)
 fn nib32_word(blk: u32, j: u32) -> u32 { return blk * 4u + (j & 1u) * 2u; }

@@ -9,7 +9,7 @@ const QW: u32 = 36u;
 // Elements [8j, 8j+8) of block blk as two words of bytes q (0..15).
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let wi = k4_run_word(blk, j);
-    return k4_nibbles(vec2<u32>(word(wi), word(wi + 1u)), j >> 2u);
+    return k4_nibbles(words2(wi), j >> 2u);
 }
 // the first of the two words holding run j's nibbles
 fn k4_run_word(blk: u32, j: u32) -> u32 { return blk * 36u + 4u + (j >> 3u) * 8u + (j & 3u) * 2u; }

@@ -10,7 +10,7 @@ const QW: u32 = 44u;
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let wi = k5_low_word(blk, j);
     let hw = k5_high_word(blk, j);
-    return k5_bytes(vec2<u32>(word(wi), word(wi + 1u)), vec2<u32>(word(hw), word(hw + 1u)), j);
+    return k5_bytes(words2(wi), words2(hw), j);
 }
 // the first of the two words holding their low 4 bits, and of the two holding their fifth bits (both
 // even: half a 16-byte load)

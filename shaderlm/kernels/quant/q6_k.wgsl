@@ -12,7 +12,7 @@ const QW: u32 = 52u;
 fn q8w(blk: u32, j: u32) -> vec2<u32> {
     let lw = k6_low_word(blk, j);
     let hw = k6_high_word(blk, j);
-    return k6_bytes(vec2<u32>(word(lw), word(lw + 1u)), vec2<u32>(word(hw), word(hw + 1u)), j);
+    return k6_bytes(words2(lw), words2(hw), j);
 }
 // the first of the two words holding elements [8j, 8j+8)'s low 4 bits (even: half a 16-byte load)
 fn k6_low_word(blk: u32, j: u32) -> u32 {

@@ -4,11 +4,10 @@ const QW: u32 = 8u;
 
 // the first of elements [8j, 8j+8)'s two words (even: half a 16-byte load)
 fn q8_0_word(blk: u32, j: u32) -> u32 { return blk * 8u + j * 2u; }
-fn q8_0_words(blk: u32, j: u32) -> vec2<u32> { let o = q8_0_word(blk, j); return vec2<u32>(word(o), word(o + 1u)); }
 fn q8_0_values(q: vec2<u32>, d: f32) -> V8 { return V8(i8x4(q.x) * d, i8x4(q.y) * d); }
-fn dq8(blk: u32, j: u32) -> V8 { return q8_0_values(q8_0_words(blk, j), split_d(blk)); }
+fn dq8(blk: u32, j: u32) -> V8 { return q8_0_values(words2(q8_0_word(blk, j)), split_d(blk)); }
 
-fn iq8(blk: u32, j: u32) -> IQ8 { return IQ8(q8_0_words(blk, j), split_d(blk), 0.0); }
+fn iq8(blk: u32, j: u32) -> IQ8 { return IQ8(words2(q8_0_word(blk, j)), split_d(blk), 0.0); }
 
 #if W4
 // Loads where w is vec4s (W4; the tensor-core GEMM): elements [8j, 8j+8)'s two words, half a 16-byte
