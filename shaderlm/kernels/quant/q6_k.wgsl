@@ -49,7 +49,22 @@ fn raw8(blk: u32, j: u32) -> Raw8 {
 fn dq8_raw(r: Raw8, j: u32) -> V8 { return k6_values(k6_bytes(r.l, r.h, j), k6_scale(r.d, r.sw, j)); }
 #endif
 
-fn iq8(blk: u32, j: u32) -> IQ8 { return IQ8(signed_bytes(q8w(blk, j), 32u), k6_d(blk, j), 0.0); }
+// For the int8 GEMMs: the same elements as signed bytes 4 (q - 32), their scale over 4 (exact). A byte holds
+// q in its top six bits with the top bit flipped (4 q - 128): two shifts and two mask-merges a word where
+// q - 32 from k6_bytes takes seven; the low bits' shift is right for the high nibbles, a multiply by 4
+// for the low ones.
+fn k6_bytes4(l: vec2<u32>, h: vec2<u32>, j: u32) -> vec2<u32> {
+    let g = j >> 2u;
+    let lo = (l >> vec2<u32>(g & 2u)) * vec2<u32>(4u >> (g & 2u));         // low 4 bits to bits 2..5
+    let hi = h << vec2<u32>(6u - (g & 3u) * 2u);                             // high 2 bits to bits 6..7
+    return (lo & vec2<u32>(0x3C3C3C3Cu)) | ((hi & vec2<u32>(0xC0C0C0C0u)) ^ vec2<u32>(0x80808080u));
+}
+fn iq8(blk: u32, j: u32) -> IQ8 {
+    let lw = k6_low_word(blk, j);
+    let hw = k6_high_word(blk, j);
+    let q = k6_bytes4(words2(lw), words2(hw), j);
+    return IQ8(q, 0.25 * k6_d(blk, j), 0.0);
+}
 
 #if WIDE
 // Chunk c (0..3): half hh = c >> 1, l = 16m .. 16m + 16 with m = c & 1: ql[64hh + l] (vec4 4hh + m),
