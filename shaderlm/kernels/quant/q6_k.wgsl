@@ -96,6 +96,7 @@ fn chunk_dot(cw: CW, c: u32, xr: array<vec4<f32>, 16>) -> f32 {
 }
 #else
 fn x_quant(xr: array<vec4<f32>, 16>) -> XQ4 { return xq4(xr); }
+#if X24
 fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
     let t0 = rdot(nib_hi(cw.la, 0u, cw.qh, 0u, K6H), xq.r0) - 32.0 * xq.r0.s;
     let t1 = rdot(nib_hi(cw.lb, 0u, cw.qh, 2u, K6H), xq.r1) - 32.0 * xq.r1.s;
@@ -103,5 +104,20 @@ fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
     let t3 = rdot(nib_hi(cw.lb, 4u, cw.qh, 6u, K6H), xq.r3) - 32.0 * xq.r3.s;
     return k6_scaled(cw, c, vec4<f32>(t0, t1, t2, t3));
 }
+#else
+// int8 x: the weights as signed bytes 4 (q - 32) (q in a byte's top six bits, its top bit flipped), so a
+// run's dot needs no offset term; the 4 goes into d (exact). X24's digits would outgrow f32 with them.
+fn k6_signed4(l: vec4<u32>, lsh: u32, h: vec4<u32>, hsh: u32) -> vec4<u32> {
+    return (((l >> vec4<u32>(lsh)) << vec4<u32>(2u)) & vec4<u32>(0x3C3C3C3Cu))
+         | (((h << vec4<u32>(6u - hsh)) & vec4<u32>(0xC0C0C0C0u)) ^ vec4<u32>(0x80808080u));
+}
+fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
+    let t0 = rdot(k6_signed4(cw.la, 0u, cw.qh, 0u), xq.r0);
+    let t1 = rdot(k6_signed4(cw.lb, 0u, cw.qh, 2u), xq.r1);
+    let t2 = rdot(k6_signed4(cw.la, 4u, cw.qh, 4u), xq.r2);
+    let t3 = rdot(k6_signed4(cw.lb, 4u, cw.qh, 6u), xq.r3);
+    return k6_scaled(CW(cw.la, cw.lb, cw.qh, cw.sc, 0.25 * cw.d), c, vec4<f32>(t0, t1, t2, t3));
+}
+#endif
 #endif
 #endif
