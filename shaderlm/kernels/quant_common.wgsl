@@ -205,6 +205,8 @@ fn k4_scales(h: vec4<u32>, s: u32) -> vec2<f32> {
     let v = k4_pair(h, s >> 1u) >> ((s & 1u) * 8u);          // sc at byte s & 1, mn two bytes up
     return k4_dmin(h) * vec2<f32>(f32(v & 255u), f32((v >> 16u) & 255u));
 }
+// (d * sc, dmin * mn) applied to a run's bytes q
+fn k4_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
 
 #if WIDE
 // Q4_K / Q5_K chunk c (0..7) of wide block b: x elements 16 (c & 1) .. +16 of sub-blocks 2 (c >> 1)

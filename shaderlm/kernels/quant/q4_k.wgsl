@@ -16,8 +16,6 @@ fn k4_run_word(blk: u32, j: u32) -> u32 { return blk * 36u + 4u + (j >> 3u) * 8u
 // sub-block s's nibbles of its pair's words q (s even: the low ones)
 fn k4_nibbles(q: vec2<u32>, s: u32) -> vec2<u32> { return (q >> vec2<u32>((s & 1u) * 4u)) & vec2<u32>(0x0F0F0F0Fu); }
 
-// (d * sc, dmin * mn) applied to a run's bytes q
-fn k4_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
 fn dq8(blk: u32, j: u32) -> V8 { return k4_values(q8w(blk, j), k4_sub_scales(blk * 36u, j >> 2u)); }
 
 #if W4

@@ -23,9 +23,7 @@ fn k5_bytes(q: vec2<u32>, qh: vec2<u32>, j: u32) -> vec2<u32> {
          | (((qh >> vec2<u32>(s)) & vec2<u32>(0x01010101u)) << vec2<u32>(4u));
 }
 
-// (d * sc, dmin * mn) applied to a run's bytes q
-fn k5_values(q: vec2<u32>, sm: vec2<f32>) -> V8 { return V8(u8x4(q.x) * sm.x - sm.y, u8x4(q.y) * sm.x - sm.y); }
-fn dq8(blk: u32, j: u32) -> V8 { return k5_values(q8w(blk, j), k4_sub_scales(blk * 44u, j >> 2u)); }
+fn dq8(blk: u32, j: u32) -> V8 { return k4_values(q8w(blk, j), k4_sub_scales(blk * 44u, j >> 2u)); }
 
 #if W4
 // Loads where w is vec4s (W4; the tensor-core GEMM): the block's header, and run j's words of low bits
@@ -34,7 +32,7 @@ struct Raw8 { h: vec4<u32>, q: vec2<u32>, qh: vec2<u32> }
 fn raw8(blk: u32, j: u32) -> Raw8 {
     return Raw8(w[blk * 11u], words2(k5_low_word(blk, j)), words2(k5_high_word(blk, j)));
 }
-fn dq8_raw(r: Raw8, j: u32) -> V8 { return k5_values(k5_bytes(r.q, r.qh, j), k4_scales(r.h, j >> 2u)); }
+fn dq8_raw(r: Raw8, j: u32) -> V8 { return k4_values(k5_bytes(r.q, r.qh, j), k4_scales(r.h, j >> 2u)); }
 #endif
 
 fn iq8(blk: u32, j: u32) -> IQ8 {

@@ -49,20 +49,19 @@ fn raw8(blk: u32, j: u32) -> Raw8 {
 fn dq8_raw(r: Raw8, j: u32) -> V8 { return k6_values(k6_bytes(r.l, r.h, j), k6_scale(r.d, r.sw, j)); }
 #endif
 
-// For the int8 GEMMs: the same elements as signed bytes 4 (q - 32), their scale over 4 (exact). A byte holds
-// q in its top six bits with the top bit flipped (4 q - 128): two shifts and two mask-merges a word where
-// q - 32 from k6_bytes takes seven; the low bits' shift is right for the high nibbles, a multiply by 4
-// for the low ones.
-fn k6_bytes4(l: vec2<u32>, h: vec2<u32>, j: u32) -> vec2<u32> {
-    let g = j >> 2u;
-    let lo = (l >> vec2<u32>(g & 2u)) * vec2<u32>(4u >> (g & 2u));         // low 4 bits to bits 2..5
-    let hi = h << vec2<u32>(6u - (g & 3u) * 2u);                             // high 2 bits to bits 6..7
-    return (lo & vec2<u32>(0x3C3C3C3Cu)) | ((hi & vec2<u32>(0xC0C0C0C0u)) ^ vec2<u32>(0x80808080u));
+// For the integer dots (the int8 GEMMs, the GEMVs with int8 x): elements as signed bytes 4 (q - 32), their
+// scale over 4 (exact), so a run's dot needs no offset term. A byte holds q in its top six bits with the
+// top bit flipped (4 q - 128): the low 4 bits of words l (at bit lsh) to bits 2..5, the high 2 bits of
+// words h (at bit hsh) to bits 6..7; a few operations a word where q - 32 from k6_bytes takes seven.
+fn k6_signed4(l: vec4<u32>, lsh: u32, h: vec4<u32>, hsh: u32) -> vec4<u32> {
+    return (((l >> vec4<u32>(lsh)) << vec4<u32>(2u)) & vec4<u32>(0x3C3C3C3Cu))
+         | (((h << vec4<u32>(6u - hsh)) & vec4<u32>(0xC0C0C0C0u)) ^ vec4<u32>(0x80808080u));
 }
 fn iq8(blk: u32, j: u32) -> IQ8 {
-    let lw = k6_low_word(blk, j);
-    let hw = k6_high_word(blk, j);
-    let q = k6_bytes4(words2(lw), words2(hw), j);
+    let l = words2(k6_low_word(blk, j));
+    let h = words2(k6_high_word(blk, j));
+    let g = j >> 2u;
+    let q = k6_signed4(vec4<u32>(l, l), (g & 2u) * 2u, vec4<u32>(h, h), (g & 3u) * 2u).xy;
     return IQ8(q, 0.25 * k6_d(blk, j), 0.0);
 }
 
@@ -105,12 +104,7 @@ fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
     return k6_scaled(cw, c, vec4<f32>(t0, t1, t2, t3));
 }
 #else
-// int8 x: the weights as signed bytes 4 (q - 32) (q in a byte's top six bits, its top bit flipped), so a
-// run's dot needs no offset term; the 4 goes into d (exact). X24's digits would outgrow f32 with them.
-fn k6_signed4(l: vec4<u32>, lsh: u32, h: vec4<u32>, hsh: u32) -> vec4<u32> {
-    return (((l >> vec4<u32>(lsh)) << vec4<u32>(2u)) & vec4<u32>(0x3C3C3C3Cu))
-         | (((h << vec4<u32>(6u - hsh)) & vec4<u32>(0xC0C0C0C0u)) ^ vec4<u32>(0x80808080u));
-}
+// int8 x: the weights as k6_signed4's bytes, the 4 in d. X24's digits would outgrow f32 with them.
 fn chunk_dot(cw: CW, c: u32, xq: XQ4) -> f32 {
     let t0 = rdot(k6_signed4(cw.la, 0u, cw.qh, 0u), xq.r0);
     let t1 = rdot(k6_signed4(cw.lb, 0u, cw.qh, 2u), xq.r1);
