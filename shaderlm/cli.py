@@ -259,8 +259,8 @@ def cmd_perplexity(args):
 def cmd_tune(args):
     """Time every candidate shape of the model's tunable kernels (again, even if cached): the decode
     GEMVs, the int8 prompt GEMM's tiles for a full prompt pass, the GEMVs of a serving step of 4
-    sequences and, where batches take the int8 GEMMs, each matrix's tile for a step of 64; keep the
-    fastest per adapter and print what was chosen."""
+    sequences and, where batches take the int8 GEMMs, each matrix's tile for a step of 64 and its
+    matmul_few shape for a step of 16; keep the fastest per adapter and print what was chosen."""
     from .kernels.tuning import cache_path, shape_label
     from .models.serving import TILE_TUNING_ROWS, Serving
     args.ctx = args.ctx or 512                            # room for a full prompt pass (the tiles' key)

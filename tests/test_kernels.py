@@ -415,11 +415,36 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
         assert any(x.startswith("matmul_few") for x in labels) and "matmul_split" not in labels, labels
 
 
+@pytest.mark.parametrize("shape", [gemm.few_default(), *gemm.FEW_SHAPES], ids=gemm.few_shape_label)
+def test_matmul_few_every_tuned_shape(dev, monkeypatch, shape):
+    """Each matmul_few shape the tuner may pick (rows a thread, lanes on K, threads), cached for the
+    matrix's key, computes the batch against the reference (several row groups, runs of 32 and 16, K
+    shorter than the lanes' stride, the epilogue); one the adapter cannot hold at every batch size is no
+    candidate."""
+    offered = few_candidates(dev)
+    if not gemm.few_fits(dev, shape):
+        assert shape not in offered
+        pytest.skip(f"{shape} does not fit this adapter")
+    assert shape in offered
+    monkeypatch.setattr(gemm, "tuned_shape", lambda dev, key: shape if key.startswith("matmul_few") else None)
+    for qtype, rows, K, n in (("Q4_K", 90, 1024, 16), ("Q6_K", 37, 512, 5), ("Q8_0", 20, 96, 12)):
+        for feature in (dict(), dict(accumulate=True, bias=True, row0=3, y_extra=5)):
+            labels = check_matmul(dev, qtype, rows, K, n, n, seed=n, int8=True, decode_batch=True, **feature)
+            assert any(x.startswith("matmul_few") for x in labels), labels
+
+
+def few_candidates(dev) -> list:
+    """The shapes matmul_few's Tunable offers (for a small Q4_K matrix)."""
+    w = upload(dev, "Q4_K", make_weight("Q4_K", 8, 256, np.random.default_rng(0))[0], 8, 256)
+    ds = ops.matmul(dev, w, dev.buffer(4 * 4 * 256), dev.buffer(4 * 4 * 8), state(dev, n=4), tt=4, y_stride=8,
+                    int8=True, decode_batch=True)
+    return next(d.tune for d in ds if d.label.startswith("matmul_few")).candidates()
+
+
 def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
-    r, ts = gemm.few_rows(3)
-    groups = -(-gemm.FEW_THREADS // (gemm.FEW_LANES * ts)) * r
-    rows = groups * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
+    bm = gemm.few_layout(gemm.few_default(), 3)["BM"]
+    rows = bm * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
     labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)
 

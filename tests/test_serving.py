@@ -137,13 +137,14 @@ def test_tuned_batch_shapes_keep_single_stream_tokens(synth_gguf, tmp_path):
         close_cache(m.net.dev)
 
 
-@pytest.mark.parametrize("path", ["tensor-cores", "int8"])
+@pytest.mark.parametrize("path", ["tensor-cores", "int8", "few"])
 def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, path):
     """Serving.tune times each matrix's GEMM tile for decode batches (keys "... batch": the tensor cores'
-    gemm.TC_BATCH_TILES, or the split int8 GEMM's tiles) on the largest step up to 64 rows that takes
-    them, caches the pick and rebuilds the steps with it. Tensor cores: every step from TC_BATCH_ROWS takes
-    the matrix's tile (one key whatever the rows), so a token's logits are the same bits in steps of 8 and
-    12 rows, and within float rounding of the built-in tile's (the K slices differ). Int8: the tile leaves
+    gemm.TC_BATCH_TILES, the split int8 GEMM's tiles, matmul_few's shapes) on the largest step up to 64
+    rows (16 for matmul_few) that takes them, caches the pick and rebuilds the steps with it. Tensor cores
+    and matmul_few: every step from TC_BATCH_ROWS (up to FEW_TOKENS) takes the matrix's tile (one key
+    whatever the rows), so a token's logits are the same bits in steps of 8 and 12 rows, and within float
+    rounding of the built-in tile's (the K slices, or the lanes summing K, differ). Int8: the tile leaves
     a token's bits as they were. A timer preferring another tile makes the pick visible (matrix
     operations emulated where the adapter has none; two candidates, as that is slow)."""
     from shaderlm.gpu import tuner
@@ -160,10 +161,14 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         monkeypatch.setattr(gemm, "TC_MIN_SLICE", 64)        # K split, in slices that differ by tile
         other = (128, 64, 256)
         monkeypatch.setattr(gemm, "TC_BATCH_TILES", (gemm.TC_BATCH_TILE, other))
-    else:
+    elif path == "int8":
         monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)
         monkeypatch.setattr(gemm, "FEW_TOKENS", 4)           # steps of 8 and 12 rows on the split int8 GEMM
         other = gemm.full_tile(gemm.Q8_FEW_TILES[-1])
+    else:
+        monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)     # steps of 8 and 12 rows on matmul_few
+        other = (2, 32, 64, 8)
+        monkeypatch.setattr(gemm, "FEW_SHAPES", (other,))
     monkeypatch.setattr(tuner, "_timer", preferring(other))
     model = synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M")
     m = shaderlm.load(model, progress=False, ctx=256, options=Options.from_env().replace(
@@ -180,7 +185,7 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         assert keys and keys <= {r[0] for r in report}, report
         assert all(key_stamp(k) for k in keys)          # editing the kernel drops these shapes
         cache = open_cache(dev, str(tmp_path), reload=True)
-        for rows in (8, 12) if path == "tensor-cores" else (12,):    # every such step rebuilt in its matrix's pick
+        for rows in (12,) if path == "int8" else (8, 12):            # every such step rebuilt in its matrix's pick
             ds = [d for d in sv.decode_plan(rows).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)]
             assert {d.tune.key for d in ds} == keys
             for d in ds:
@@ -188,8 +193,10 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
                 assert any(r.pipeline is d.pipeline for r in d.tune.rebuild(other))
         after = logits(12)
         assert np.array_equal(after[:8].view(np.uint32), logits(8).view(np.uint32))
-        if path == "tensor-cores":
+        if path != "int8":
             assert np.abs(after - before).max() <= 1e-4 * np.abs(before).max()
+            # other lanes on K: other sums (that the pick took effect)
+            assert path != "few" or not np.array_equal(after.view(np.uint32), before.view(np.uint32))
         else:
             assert np.array_equal(after.view(np.uint32), before.view(np.uint32))
     finally:

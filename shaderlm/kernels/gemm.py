@@ -222,40 +222,84 @@ def _halvings(tiles: int, cols: int, target: int, k_step: int, min_slice: int) -
 
 FEW_TOKENS = 48                     # decode batches of this many rows or fewer run matmul_few; larger ones the
                                     # split GEMM (from 64 rows as fast or faster)
-FEW_LANES = 16                      # threads sharing a row's runs (a token's sums depend on it: fixed)
-FEW_THREADS = 64                    # threads a workgroup, at least (whole row groups: FEW_LANES x the token groups)
-# a matmul_few thread's rows and tokens (their sums and x in registers); more tokens take more thread groups,
-# each decoding the rows' runs again (from L1): two groups of 8 tokens on 4 rows beat one thread's 16 on 2
+# matmul_few's built-in shape: a thread's rows (their sums and x in registers), the threads sharing a row's runs
+# (a token's sums depend on them: a matrix keeps its shape at every batch size), a workgroup's threads at least
+# (whole row groups: lanes x the token groups) and a thread's tokens. More tokens take more thread groups, each
+# decoding the rows' runs again (from L1): two groups of 8 tokens on 4 rows beat one thread's 16 on 2
 FEW_ROWS_A_THREAD = 4
+FEW_LANES = 16
+FEW_THREADS = 64
 FEW_TOKENS_A_THREAD = 8
+# the shapes the tuner tries for each matrix, after the built-in one: more lanes on K leave more workgroups
+# where a matrix has few rows (V, a small model's); more tokens a thread decode each run for more of them
+FEW_SHAPES = ((4, 16, 128, 8), (4, 32, 128, 8), (4, 64, 128, 8), (2, 16, 64, 8), (2, 32, 64, 8), (4, 16, 64, 16),
+              (2, 16, 64, 16))
+FEW_TUNING_ROWS = 16                # Serving.tune times them on the largest step up to this many rows
 
 
-def few_rows(tokens: int) -> tuple[int, int]:
-    """(rows a matmul_few thread computes, thread groups sharing the tokens) for a batch of `tokens` rows
-    (a token's sums depend on neither)."""
-    return FEW_ROWS_A_THREAD, cdiv(tokens, FEW_TOKENS_A_THREAD)
+def few_default() -> tuple:
+    return FEW_ROWS_A_THREAD, FEW_LANES, FEW_THREADS, FEW_TOKENS_A_THREAD
+
+
+def few_shape_valid(shape) -> bool:
+    """`shape` is (rows a thread, lanes, threads, tokens a thread) matmul_few builds (a cached shape this kernel
+    could be given)."""
+    return (len(shape) == 4 and 1 <= shape[0] <= 8 and shape[1] in (8, 16, 32, 64)
+            and shape[2] in (16, 32, 64, 128, 256, 512, 1024) and 1 <= shape[3] <= 16)
+
+
+def few_layout(shape, tokens: int) -> dict:
+    """matmul_few's defines for `shape` and a batch of `tokens` rows (BM: rows a workgroup)."""
+    r, lanes, threads, tokens_a_thread = shape
+    ts = cdiv(tokens, tokens_a_thread)                  # thread groups sharing the tokens
+    nt = cdiv(tokens, ts)
+    bm = cdiv(threads, lanes * ts) * r
+    return dict(R=r, L=lanes, TS=ts, NT=nt, WG=bm // r * ts * lanes, PART=bm * ts * nt * lanes, BM=bm)
+
+
+def few_fits(dev, shape) -> bool:
+    """The adapter's workgroup threads and memory hold matmul_few in `shape` at every batch it runs (up to
+    FEW_TOKENS rows), so that a matrix keeps it at every batch size."""
+    lay = few_layout(shape, FEW_TOKENS)
+    return (lay["WG"] <= dev.limit("max-compute-invocations-per-workgroup", 256)
+            and 4 * lay["PART"] <= dev.limit("max-compute-workgroup-storage-size", 16384))
+
+
+def few_shape_label(shape) -> str:
+    """matmul_few's shape as `shaderlm tune` shows it: rows r, lanes l, threads t, tokens a thread n."""
+    return "{}r.{}l.{}t.{}n".format(*shape)
 
 
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row, run: int,
                **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
-    once into registers and dotted with every token's, no workgroup tiles. A token's sums are the same
-    for every max_tokens (FEW_LANES is fixed). `run`: x's run length; `fused`: quantize_q8's norm / eps /
-    glu_input / ready."""
+    once into registers and dotted with every token's, no workgroup tiles. The matrix's tuned shape
+    (key "... batch", one for every batch size, so that a token's sums are the same for every max_tokens),
+    else the built-in one. `run`: x's run length; `fused`: quantize_q8's norm / eps / glu_input / ready."""
     out, xbufs = quantize_q8(dev, x, st, k=w.cols, tokens=max_tokens, from_state_row=from_state_row,
                              run=run, **fused)
-    r, ts = few_rows(max_tokens)
-    nt = cdiv(max_tokens, ts)
-    groups = cdiv(FEW_THREADS, FEW_LANES * ts)           # of a workgroup's rows: whole subgroups
-    bm = groups * r
-    pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate,
-                    R=r, L=FEW_LANES, TS=ts, NT=nt, WG=groups * ts * FEW_LANES,
-                    PART=bm * ts * nt * FEW_LANES)
+    gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
+                 from_state_row=from_state_row)
+    key = f"matmul_few {w.qtype.name} {w.rows}x{w.cols} batch"
+    tune = Tunable(key, lambda: [s for s in dict.fromkeys((few_default(), *FEW_SHAPES)) if few_fits(dev, s)],
+                   lambda s: _few_gemms(dev, w, xbufs, y, st, shape=s, tune=tune, **gemms))
+    tuned = tuned_shape(dev, key)
+    shape = tuned if tuned is not None and few_shape_valid(tuned) and few_fits(dev, tuned) else few_default()
+    return out + _few_gemms(dev, w, xbufs, y, st, shape=shape, tune=tune, **gemms)
+
+
+def _few_gemms(dev, w, xbufs, y, st, *, shape, max_tokens, y_stride, row0, accumulate, bias, from_state_row,
+               tune=None) -> list[Dispatch]:
+    """matmul_few's dispatches over x's rounding `xbufs` in `shape`: one a row chunk."""
+    lay = few_layout(shape, max_tokens)
+    bm = lay.pop("BM")
+    pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate, **lay)
+    out = []
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), max_tokens, 0)
         res = [params, st, c.buffer, *_xbufs(w, xbufs), y] + ([bias] if bias is not None else [])
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), grid_1d(dev, cdiv(c.rows, bm)),
-                            label=f"matmul_few.{w.qtype.name}", bytes=c.buffer.size))
+                            label=f"matmul_few.{w.qtype.name}", bytes=c.buffer.size, tune=tune))
     return out
 
 
@@ -335,8 +379,9 @@ def tc_tile_fits(dev, tile) -> bool:
 
 
 def batch_tile_key(key: str) -> bool:
-    """Whether a tuning key is a decode batch's GEMM tile (matmul_tc's or matmul_q8's "... batch")."""
-    return key.startswith(("matmul_tc ", "matmul_q8 ")) and key.endswith(" batch")
+    """Whether a tuning key is a decode batch's GEMM tile or shape (matmul_tc's, matmul_q8's or matmul_few's
+    "... batch")."""
+    return key.startswith(("matmul_tc ", "matmul_q8 ", "matmul_few ")) and key.endswith(" batch")
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,

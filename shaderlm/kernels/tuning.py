@@ -14,7 +14,8 @@ from ..gpu.tuner import ShapeCache
 
 VERSION = 10         # of the cache's meaning (what a shape's fields are and how they are timed)
 # the kernel a tuning key's shape is for, by the key's first word
-TUNED_KERNELS = {"gemv": "gemv", "gemv_pair": "gemv", "matmul_q8": "matmul_q8", "matmul_tc": "matmul_tc"}
+TUNED_KERNELS = {"gemv": "gemv", "gemv_pair": "gemv", "matmul_q8": "matmul_q8", "matmul_tc": "matmul_tc",
+                 "matmul_few": "matmul_few"}
 
 _caches: WeakKeyDictionary = WeakKeyDictionary()      # device -> ShapeCache
 
@@ -49,23 +50,26 @@ def cache_path(dev, cache_dir: str | None = None) -> Path:
 def open_cache(dev, cache_dir: str | None = None, reload: bool = False) -> ShapeCache:
     """The adapter's shape cache in `cache_dir`, read from disk when first opened (or with `reload`):
     dispatches built from now on take its shapes."""
-    from .gemm import tc_tile_valid, tile_valid
+    from .gemm import few_shape_valid, tc_tile_valid, tile_valid
     from .gemv import GemvShape
     path = cache_path(dev, cache_dir)
     cache = _caches.get(dev)
     if cache is None or cache.path != path or reload:
-        cache = _caches[dev] = ShapeCache(path, lambda s: GemvShape.valid(s) or tile_valid(s) or tc_tile_valid(s),
-                                          dev.name, key_stamp)
+        def valid(s) -> bool:
+            return GemvShape.valid(s) or tile_valid(s) or tc_tile_valid(s) or few_shape_valid(s)
+        cache = _caches[dev] = ShapeCache(path, valid, dev.name, key_stamp)
     return cache
 
 
 def shape_label(shape) -> str:
-    """A cached shape as `shaderlm tune` shows it: a decode GEMV's, a prompt GEMM's tile, or a tensor-core
-    tile (rows x tokens / threads)."""
-    from .gemm import tc_tile_label, tc_tile_valid, tile_label, tile_valid
+    """A cached shape as `shaderlm tune` shows it: a decode GEMV's, a prompt GEMM's tile, a tensor-core
+    tile (rows x tokens / threads) or matmul_few's shape."""
+    from .gemm import few_shape_label, few_shape_valid, tc_tile_label, tc_tile_valid, tile_label, tile_valid
     from .gemv import GemvShape
     if tc_tile_valid(shape):
         return tc_tile_label(shape)
+    if few_shape_valid(shape):
+        return few_shape_label(shape)
     return tile_label(shape) if tile_valid(shape) else GemvShape.of(shape).label()
 
 

@@ -133,8 +133,9 @@ class Serving:
         """Tune the shapes of the batched decode GEMVs (those taking several tokens a workgroup:
         kernels/gemv.batch_candidates) on a step of `rows` rows, or of the most rows below that the
         GEMVs run, with pages of their own; and each matrix's GEMM tile for a decode batch (tensor cores'
-        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to TILE_TUNING_ROWS, every slot
-        reading the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
+        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to TILE_TUNING_ROWS,
+        and its matmul_few shape on one of the most rows up to gemm.FEW_TUNING_ROWS, every slot reading
+        the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
         0..: at start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
         on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
         on_gemms = [r for r in BUCKETS if r <= min(TILE_TUNING_ROWS, self.max_rows) and self.on_gemms(r)]
@@ -143,11 +144,13 @@ class Serving:
             for s in range(on_gemvs[-1]):
                 self.set_own_pages(s)
             report += self._tune_step(on_gemvs[-1], batch_key, cache_dir, force, reps, log)
-        big = on_gemms[-1] if on_gemms else 0
-        if big and any(d.tune and gemm.batch_tile_key(d.tune.key) for d in self.decode_plan(big).dispatches):
-            for s in range(big):                # (a table's entries past a small pool's pages stay 0: valid)
-                self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
-            report += self._tune_step(big, gemm.batch_tile_key, cache_dir, force, reps, log)
+        # the tiles on the most rows up to TILE_TUNING_ROWS; matmul_few's shapes (fewer rows) on a step of its own
+        few = [r for r in on_gemms if r <= gemm.FEW_TUNING_ROWS]
+        for n in sorted(set(on_gemms[-1:] + few[-1:])):
+            if any(d.tune and gemm.batch_tile_key(d.tune.key) for d in self.decode_plan(n).dispatches):
+                for s in range(n):              # (a table's entries past a small pool's pages stay 0: valid)
+                    self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
+                report += self._tune_step(n, gemm.batch_tile_key, cache_dir, force, reps, log)
         if report:
             self._build_decode()
         return report
