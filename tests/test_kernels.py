@@ -415,7 +415,7 @@ def test_matmul_few(dev, qtype, rows, K, n, first):
         assert any(x.startswith("matmul_few") for x in labels) and "matmul_split" not in labels, labels
 
 
-@pytest.mark.parametrize("shape", [gemm.few_default(), *gemm.FEW_SHAPES], ids=gemm.few_shape_label)
+@pytest.mark.parametrize("shape", [gemm.FEW_SHAPE, *gemm.FEW_SHAPES], ids=gemm.few_shape_label)
 def test_matmul_few_every_tuned_shape(dev, monkeypatch, shape):
     """Each matmul_few shape the tuner may pick (rows a thread, lanes on K, threads), cached for the
     matrix's key, computes the batch against the reference (several row groups, runs of 32 and 16, K
@@ -443,7 +443,7 @@ def few_candidates(dev) -> list:
 
 def test_matmul_few_rows_past_the_grid_limit(dev):
     """matmul_few over more row groups than a dispatch's x dimension holds: the grid spills into y."""
-    bm = gemm.few_layout(gemm.few_default(), 3)["BM"]
+    bm = gemm.few_layout(gemm.FEW_SHAPE, 3)["BM"]
     rows = bm * dev.limit("max-compute-workgroups-per-dimension", 65535) + 77
     labels = check_matmul(dev, "Q8_0", rows, 32, 3, 3, int8=True, decode_batch=True, seed=3)
     assert any(x.startswith("matmul_few") for x in labels)
@@ -478,7 +478,7 @@ def test_int8_gemms_keep_to_their_tokens(dev, path):
 
 @pytest.mark.parametrize("qtype,n", [("Q4_K", 16), ("Q6_K", 7), ("Q4_0", 29)])
 def test_matmul_few_thread_shapes_keep_a_tokens_bits(dev, monkeypatch, qtype, n):
-    """matmul_few's rows and tokens a thread (gemm.FEW_ROWS_A_THREAD, FEW_TOKENS_A_THREAD: thread groups
+    """matmul_few's rows and tokens a thread (gemm.FEW_SHAPE's first and last: thread groups
     share the tokens) regroup the same operations: every token gets the same bits in each (a token count
     that the groups do not divide leaves a group's last tokens computed and not written)."""
     rng = np.random.default_rng(11)
@@ -488,8 +488,7 @@ def test_matmul_few_thread_shapes_keep_a_tokens_bits(dev, monkeypatch, qtype, n)
     xb = dev.upload(rng.standard_normal((n, K)).astype(np.float32))
     out = {}
     for r, nt in ((2, 16), (4, 8), (1, 4), (2, 2), (8, 16)):
-        monkeypatch.setattr(gemm, "FEW_ROWS_A_THREAD", r)
-        monkeypatch.setattr(gemm, "FEW_TOKENS_A_THREAD", nt)
+        monkeypatch.setattr(gemm, "FEW_SHAPE", (r, *gemm.FEW_SHAPE[1:3], nt))
         yb = dev.upload(poisoned((n, rows)))
         ds = ops.matmul(dev, w, xb, yb, state(dev, n=n), tt=n, y_stride=rows, int8=True, decode_batch=True)
         assert [d.label for d in ds][-1].startswith("matmul_few")

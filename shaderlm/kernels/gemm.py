@@ -226,10 +226,7 @@ FEW_TOKENS = 48                     # decode batches of this many rows or fewer 
 # (a token's sums depend on them: a matrix keeps its shape at every batch size), a workgroup's threads at least
 # (whole row groups: lanes x the token groups) and a thread's tokens. More tokens take more thread groups, each
 # decoding the rows' runs again (from L1): two groups of 8 tokens on 4 rows beat one thread's 16 on 2
-FEW_ROWS_A_THREAD = 4
-FEW_LANES = 16
-FEW_THREADS = 64
-FEW_TOKENS_A_THREAD = 8
+FEW_SHAPE = (4, 16, 64, 8)
 # the shapes the tuner tries for each matrix, after the built-in one: more lanes on K leave more workgroups
 # where a matrix has few rows (V, a small model's); more tokens a thread decode each run for more of them
 FEW_SHAPES = ((4, 16, 128, 8), (4, 32, 128, 8), (4, 64, 128, 8), (2, 16, 64, 8), (2, 32, 64, 8), (4, 16, 64, 16),
@@ -237,8 +234,9 @@ FEW_SHAPES = ((4, 16, 128, 8), (4, 32, 128, 8), (4, 64, 128, 8), (2, 16, 64, 8),
 FEW_TUNING_ROWS = 16                # Serving.tune times them on the largest step up to this many rows
 
 
-def few_default() -> tuple:
-    return FEW_ROWS_A_THREAD, FEW_LANES, FEW_THREADS, FEW_TOKENS_A_THREAD
+def few_key(key: str) -> bool:
+    """Whether a tuning key is matmul_few's (a decode batch's shape, timed on fewer rows than the tiles)."""
+    return key.startswith("matmul_few ")
 
 
 def few_shape_valid(shape) -> bool:
@@ -270,6 +268,12 @@ def few_shape_label(shape) -> str:
     return "{}r.{}l.{}t.{}n".format(*shape)
 
 
+def _tuned_or(dev, key: str, usable, default):
+    """`key`'s cached shape where `usable` (this kernel builds it on this adapter), else `default`."""
+    tuned = tuned_shape(dev, key)
+    return tuned if tuned is not None and usable(tuned) else default
+
+
 def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row, run: int,
                **fused) -> list[Dispatch]:
     """The int8 GEMM for a few tokens (a decode batch's rows; matmul_few.wgsl): each weight run decoded
@@ -281,10 +285,9 @@ def matmul_few(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias
     gemms = dict(max_tokens=max_tokens, y_stride=y_stride, row0=row0, accumulate=accumulate, bias=bias,
                  from_state_row=from_state_row)
     key = f"matmul_few {w.qtype.name} {w.rows}x{w.cols} batch"
-    tune = Tunable(key, lambda: [s for s in dict.fromkeys((few_default(), *FEW_SHAPES)) if few_fits(dev, s)],
+    tune = Tunable(key, lambda: [s for s in dict.fromkeys((FEW_SHAPE, *FEW_SHAPES)) if few_fits(dev, s)],
                    lambda s: _few_gemms(dev, w, xbufs, y, st, shape=s, tune=tune, **gemms))
-    tuned = tuned_shape(dev, key)
-    shape = tuned if tuned is not None and few_shape_valid(tuned) and few_fits(dev, tuned) else few_default()
+    shape = _tuned_or(dev, key, lambda s: few_shape_valid(s) and few_fits(dev, s), FEW_SHAPE)
     return out + _few_gemms(dev, w, xbufs, y, st, shape=shape, tune=tune, **gemms)
 
 
@@ -406,8 +409,7 @@ def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
         tiles, default = TC_PROMPT_TILES, TC_TILE
     tune = Tunable(key, lambda: [t for t in tiles if tc_tile_fits(dev, t)],
                    lambda s: _tc_gemms(dev, w, xq, xd, y, st, tile=s, decode_batch=decode_batch, tune=tune, **gemms))
-    tuned = tuned_shape(dev, key)
-    tile = tuned if tuned is not None and tc_tile_valid(tuned) and tc_tile_fits(dev, tuned) else default
+    tile = _tuned_or(dev, key, lambda t: tc_tile_valid(t) and tc_tile_fits(dev, t), default)
     return out + _tc_gemms(dev, w, xq, xd, y, st, tile=tile, decode_batch=decode_batch, tune=tune, **gemms)
 
 
@@ -495,8 +497,7 @@ def matmul_q8(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias,
     default = q8_tile(dev, w.chunks[0].rows, w.cols, max_tokens)
     tune = Tunable(key, lambda: q8_candidates(dev, w.cols, default, few=decode_batch),
                    lambda s: _q8_gemms(dev, w, xbufs, y, st, tile=s, tune=tune, **gemms))
-    tuned = tuned_shape(dev, key)
-    tile = tuned if tuned is not None and tile_valid(tuned) and tile_fits(dev, tuned, w.cols) else None
+    tile = _tuned_or(dev, key, lambda t: tile_valid(t) and tile_fits(dev, t, w.cols), None)
     return out + _q8_gemms(dev, w, xbufs, y, st, tile=tile, tune=tune, **gemms)
 
 

@@ -144,13 +144,17 @@ class Serving:
             for s in range(on_gemvs[-1]):
                 self.set_own_pages(s)
             report += self._tune_step(on_gemvs[-1], batch_key, cache_dir, force, reps, log)
-        # the tiles on the most rows up to TILE_TUNING_ROWS; matmul_few's shapes (fewer rows) on a step of its own
-        few = [r for r in on_gemms if r <= gemm.FEW_TUNING_ROWS]
-        for n in sorted(set(on_gemms[-1:] + few[-1:])):
-            if any(d.tune and gemm.batch_tile_key(d.tune.key) for d in self.decode_plan(n).dispatches):
+        # matmul_few's shapes on the most rows up to FEW_TUNING_ROWS, the other tiles on the most up to
+        # TILE_TUNING_ROWS (each key on its own step only, also where both steps run matmul_few)
+        few_rows = max((r for r in on_gemms if r <= gemm.FEW_TUNING_ROWS), default=0)
+        tile_rows = max(on_gemms, default=0)
+        for n in sorted({few_rows, tile_rows} - {0}):
+            def only(key, n=n) -> bool:
+                return gemm.batch_tile_key(key) and n == (few_rows if gemm.few_key(key) else tile_rows)
+            if any(d.tune and only(d.tune.key) for d in self.decode_plan(n).dispatches):
                 for s in range(n):              # (a table's entries past a small pool's pages stay 0: valid)
                     self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
-                report += self._tune_step(n, gemm.batch_tile_key, cache_dir, force, reps, log)
+                report += self._tune_step(n, only, cache_dir, force, reps, log)
         if report:
             self._build_decode()
         return report
