@@ -146,7 +146,9 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
     whatever the rows), so a token's logits are the same bits in steps of 8 and 12 rows, and within float
     rounding of the built-in tile's (the K slices, or the lanes summing K, differ). Int8: the tile leaves
     a token's bits as they were. A timer preferring another tile makes the pick visible (matrix
-    operations emulated where the adapter has none; two candidates, as that is slow)."""
+    operations emulated where the adapter has none; two candidates, as that is slow). Tuning forced, each
+    key is timed on its own step only: matmul_few's on the 8-row step where FEW_TUNING_ROWS is 8, though
+    the 12-row step runs matmul_few too; the tiles on the 12-row step."""
     from shaderlm.gpu import tuner
     from shaderlm.gpu.device import get_device
     from shaderlm.kernels.tuning import close_cache, key_stamp, open_cache
@@ -169,7 +171,13 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
         monkeypatch.setattr(gemm, "tensor_cores", lambda dev: False)     # steps of 8 and 12 rows on matmul_few
         other = (2, 32, 64, 8)
         monkeypatch.setattr(gemm, "FEW_SHAPES", (other,))
-    monkeypatch.setattr(tuner, "_timer", preferring(other))
+        monkeypatch.setattr(gemm, "FEW_TUNING_ROWS", 8)
+    timer, timed_rows = preferring(other), []
+
+    def recording(dev, plans, reps, min_s, reset, max_repeat, n=1):
+        timed_rows.append(n)
+        return timer(dev, plans, reps, min_s, reset, max_repeat, n=n)
+    monkeypatch.setattr(tuner, "_timer", recording)
     model = synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M")
     m = shaderlm.load(model, progress=False, ctx=256, options=Options.from_env().replace(
         int8_act=True, exact_prefill=False, tune="0"))
@@ -180,7 +188,8 @@ def test_batch_gemm_tiles_tuned_per_matrix(synth_gguf, tmp_path, monkeypatch, pa
             _generate_batched(sv, {s: prompts[s] for s in range(rows)}, 2, k=1)
             return sv.last_logits(rows)
         before = logits(12)
-        report = sv.tune(cache_dir=str(tmp_path), reps=1)
+        report = sv.tune(cache_dir=str(tmp_path), reps=1, force=True, rows=0)     # (rows=0: no GEMV shapes)
+        assert set(timed_rows) == {8 if path == "few" else 12}, timed_rows
         keys = {d.tune.key for d in sv.decode_plan(12).dispatches if d.tune and gemm.batch_tile_key(d.tune.key)}
         assert keys and keys <= {r[0] for r in report}, report
         assert all(key_stamp(k) for k in keys)          # editing the kernel drops these shapes
