@@ -296,7 +296,10 @@ def _few_gemms(dev, w, xbufs, y, st, *, shape, max_tokens, y_stride, row0, accum
     """matmul_few's dispatches over x's rounding `xbufs` in `shape`: one a row chunk."""
     lay = few_layout(shape, max_tokens)
     bm = lay.pop("BM")
-    pipe = pipeline(dev, "matmul_few", **_type_defines(w), BIAS=bias is not None, ACCUMULATE=accumulate, **lay)
+    types = _type_defines(w)
+    if w.qtype.raw32:                       # a row's runs in 16-byte loads, each a trip ahead
+        types.update(W4=True, RAW32=True)
+    pipe = pipeline(dev, "matmul_few", **types, BIAS=bias is not None, ACCUMULATE=accumulate, **lay)
     out = []
     for c in w.chunks:
         params = dev.uniform(w.cols, c.rows, row0 + c.row0, c.dbase, y_stride, int(from_state_row), max_tokens, 0)

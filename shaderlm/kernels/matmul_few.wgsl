@@ -15,12 +15,24 @@
 
 #include q8_bindings
 
+#if !RAW32
+// run `sub` of block blk from iq8's groups of 8 (decoders with raw32 load its words a trip ahead instead)
+fn iq32(blk: u32, sub: u32) -> IQ32 {
+    let g0 = iq8(blk, 4u * sub);
+    let g1 = iq8(blk, 4u * sub + 1u);
+    let g2 = iq8(blk, 4u * sub + 2u);
+    let g3 = iq8(blk, 4u * sub + 3u);
+    return IQ32(vec4<u32>(g0.q, g1.q), vec4<u32>(g2.q, g3.q), vec2<f32>(g0.d, g2.d), vec2<f32>(g0.m, g2.m));
+}
+#endif
+
 const R: u32 = {{R}}u;            // rows a thread
 const L: u32 = {{L}}u;            // threads sharing rows (across K)
 const TS: u32 = {{TS}}u;          // groups of L threads sharing rows (across tokens)
 const NT: u32 = {{NT}}u;          // tokens a thread: TS x NT at least the batch's
 const WG: u32 = {{WG}}u;          // threads a workgroup
 const BM: u32 = WG / (L * TS) * R;     // rows a workgroup (WG a multiple of L x TS)
+const RPB: u32 = QK / 32u;             // runs of 32 a block
 
 // [row of the workgroup][token (TS x NT)][lane]
 var<workgroup> part: array<f32, {{PART}}>;
@@ -53,15 +65,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #unroll NT t
     let x$t = min(t0 + $tu, m - 1u) * nb;
 #end
-    for (var run = lane; run < nb; run += L) {
-        let blk = (run * 32u) / QK;
-        let j0 = ((run * 32u) % QK) / 8u;
-        // the run of each row: four groups of 8 (clamped rows past the end: loads stay unconditional)
+    // L is a multiple of a block's runs: a thread takes the same run `sub` of every block it visits
+    let sub = lane % RPB;
+    let step = L / RPB;
+    var blk = lane / RPB;
+#if RAW32
+    // each row's raw run of the thread's next block is loaded a trip ahead: its latency hides behind this
+    // trip's dots (clamped blocks past the end: loads stay unconditional)
 #unroll R r
-#unroll 4 k
-        let g$r_$k = iq8(w$r + blk, j0 + $ku);
+    var n$r = raw32(w$r + min(blk, bpr - 1u), sub);
 #end
+#endif
+    for (; blk < bpr; blk += step) {
+        let run = blk * RPB + sub;
+#if RAW32
+#unroll R r
+        let g$r = dq32(n$r, sub);
+        n$r = raw32(w$r + min(blk + step, bpr - 1u), sub);
 #end
+#else
+#unroll R r
+        let g$r = iq32(w$r + blk, sub);
+#end
+#endif
 #unroll NT t
         {
             let xb = x$t + run;
@@ -74,27 +100,27 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(num_workgroups) nwg: vec
 #unroll R r
             {
 #if RUN32
-                let v = i2f(SUM0 + dot4I8Packed(g$r_0.q.x, x0.x) + dot4I8Packed(g$r_0.q.y, x0.y)
-                            + dot4I8Packed(g$r_1.q.x, x0.z) + dot4I8Packed(g$r_1.q.y, x0.w)
-                            + dot4I8Packed(g$r_2.q.x, x1.x) + dot4I8Packed(g$r_2.q.y, x1.y)
-                            + dot4I8Packed(g$r_3.q.x, x1.z) + dot4I8Packed(g$r_3.q.y, x1.w));
+                let v = i2f(SUM0 + dot4I8Packed(g$r.a.x, x0.x) + dot4I8Packed(g$r.a.y, x0.y)
+                            + dot4I8Packed(g$r.a.z, x0.z) + dot4I8Packed(g$r.a.w, x0.w)
+                            + dot4I8Packed(g$r.b.x, x1.x) + dot4I8Packed(g$r.b.y, x1.y)
+                            + dot4I8Packed(g$r.b.z, x1.z) + dot4I8Packed(g$r.b.w, x1.w));
 #if MINS
-                a$r_$t = fma(g$r_0.m, s.x + s.y, a$r_$t);
+                a$r_$t = fma(g$r.m.x, s.x + s.y, a$r_$t);
 #endif
-                a$r_$t = fma(v, g$r_0.d * d.x, a$r_$t);
+                a$r_$t = fma(v, g$r.d.x * d.x, a$r_$t);
 #else
-                let v0 = i2f(SUM0 + dot4I8Packed(g$r_0.q.x, x0.x) + dot4I8Packed(g$r_0.q.y, x0.y)
-                             + dot4I8Packed(g$r_1.q.x, x0.z) + dot4I8Packed(g$r_1.q.y, x0.w));
-                let v1 = i2f(SUM0 + dot4I8Packed(g$r_2.q.x, x1.x) + dot4I8Packed(g$r_2.q.y, x1.y)
-                             + dot4I8Packed(g$r_3.q.x, x1.z) + dot4I8Packed(g$r_3.q.y, x1.w));
+                let v0 = i2f(SUM0 + dot4I8Packed(g$r.a.x, x0.x) + dot4I8Packed(g$r.a.y, x0.y)
+                             + dot4I8Packed(g$r.a.z, x0.z) + dot4I8Packed(g$r.a.w, x0.w));
+                let v1 = i2f(SUM0 + dot4I8Packed(g$r.b.x, x1.x) + dot4I8Packed(g$r.b.y, x1.y)
+                             + dot4I8Packed(g$r.b.z, x1.z) + dot4I8Packed(g$r.b.w, x1.w));
 #if MINS
-                a$r_$t = fma(g$r_0.m, s.x, a$r_$t);
+                a$r_$t = fma(g$r.m.x, s.x, a$r_$t);
 #endif
-                a$r_$t = fma(v0, g$r_0.d * d.x, a$r_$t);
+                a$r_$t = fma(v0, g$r.d.x * d.x, a$r_$t);
 #if MINS
-                a$r_$t = fma(g$r_2.m, s.y, a$r_$t);
+                a$r_$t = fma(g$r.m.y, s.y, a$r_$t);
 #endif
-                a$r_$t = fma(v1, g$r_2.d * d.y, a$r_$t);
+                a$r_$t = fma(v1, g$r.d.y * d.y, a$r_$t);
 #endif
             }
 #end

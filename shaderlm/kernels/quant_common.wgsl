@@ -22,6 +22,9 @@
 // Where QuantType.raw8, under W4 (w as vec4s: the GEMMs, whose warps span rows):
 //   struct Raw8, fn raw8(blk, j) -> Raw8   the words dq8(blk, j) reads, in as few loads as the layout allows
 //   fn dq8_raw(r: Raw8, j) -> V8            dq8 of those words
+// Where QuantType.raw32, under RAW32 (with W4: matmul_few, which loads a run's words a trip ahead):
+//   struct Raw32, fn raw32(blk, s) -> Raw32  the words of run s (32 elements) of block blk
+//   fn dq32(r: Raw32, s) -> IQ32             those elements as iq8 gives them, 16 bytes a half
 
 #if WIDE || W4
 alias WeightWord = vec4<u32>;
@@ -157,6 +160,9 @@ fn idot(a: vec4<u32>, b: vec4<u32>) -> i32 {
 struct V8 { a: vec4<f32>, b: vec4<f32> }
 // 8 elements as two words of bytes q, each in [-128, 127]: element = d * q + m.
 struct IQ8 { q: vec2<u32>, d: f32, m: f32 }
+// A run of 32 elements as bytes q (a: elements 0..15, b: 16..31) with (d, m) for each half (the same
+// for types whose runs are 32 long): element = d * q + m.
+struct IQ32 { a: vec4<u32>, b: vec4<u32>, d: vec2<f32>, m: vec2<f32> }
 
 // Bytes q in [0, 2 off) of a word as the signed bytes q - off: each byte plus 128 - off stays below
 // 256 (no carry into the next), and flipping its top bit subtracts 128.

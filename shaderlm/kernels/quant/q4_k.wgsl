@@ -28,6 +28,22 @@ fn raw8(blk: u32, j: u32) -> Raw8 {
 fn dq8_raw(r: Raw8, j: u32) -> V8 { return k4_values(k4_nibbles(r.q, j >> 2u), k4_scales(r.h, j >> 2u)); }
 #endif
 
+#if RAW32
+// Sub-block s of block blk as iq8 gives it, in two steps: raw32 loads its words (three 16-byte loads: the
+// header and the pair's 32 bytes), dq32 makes them bytes and (d, m).
+struct Raw32 { h: vec4<u32>, a: vec4<u32>, b: vec4<u32> }
+fn raw32(blk: u32, s: u32) -> Raw32 {
+    let o = blk * 9u + 1u + (s >> 1u) * 2u;
+    return Raw32(w[blk * 9u], w[o], w[o + 1u]);
+}
+fn dq32(r: Raw32, s: u32) -> IQ32 {
+    let sm = k4_scales(r.h, s);
+    let sh = vec4<u32>((s & 1u) * 4u);
+    return IQ32((r.a >> sh) & vec4<u32>(0x0F0F0F0Fu), (r.b >> sh) & vec4<u32>(0x0F0F0F0Fu), vec2<f32>(sm.x),
+                vec2<f32>(-sm.y));
+}
+#endif
+
 fn iq8(blk: u32, j: u32) -> IQ8 {
 #if W4
     let r = raw8(blk, j);

@@ -57,6 +57,25 @@ fn k6_signed4(l: vec4<u32>, lsh: u32, h: vec4<u32>, hsh: u32) -> vec4<u32> {
     return (((l >> vec4<u32>(lsh)) << vec4<u32>(2u)) & vec4<u32>(0x3C3C3C3Cu))
          | (((h << vec4<u32>(6u - hsh)) & vec4<u32>(0xC0C0C0C0u)) ^ vec4<u32>(0x80808080u));
 }
+#if RAW32
+// Run g (0..7, 32 elements) of block blk as iq8 gives it, in two steps: raw32 loads its words (16-byte loads:
+// its low bits' 32 bytes, its high bits' 32, the scales' vec4) and d, dq32 makes them bytes and scales.
+struct Raw32 { la: vec4<u32>, lb: vec4<u32>, ha: vec4<u32>, hb: vec4<u32>, sc: vec4<u32>, d: f32 }
+fn raw32(blk: u32, g: u32) -> Raw32 {
+    let lo = blk * 13u + (g >> 2u) * 4u + (g & 1u) * 2u;
+    let hi = blk * 13u + 8u + (g >> 2u) * 2u;
+    return Raw32(w[lo], w[lo + 1u], w[hi], w[hi + 1u], w[blk * 13u + 12u], split_d(blk));
+}
+fn dq32(r: Raw32, g: u32) -> IQ32 {
+    let sw = select(select(r.sc.x, r.sc.y, g >= 2u), select(r.sc.z, r.sc.w, g >= 6u), g >= 4u);   // word g >> 1
+    let j = 4u * g;
+    let lsh = (g & 2u) * 2u;
+    let hsh = (g & 3u) * 2u;
+    return IQ32(k6_signed4(r.la, lsh, r.ha, hsh), k6_signed4(r.lb, lsh, r.hb, hsh),
+                0.25 * vec2<f32>(k6_scale(r.d, sw, j), k6_scale(r.d, sw, j + 2u)), vec2<f32>(0.0));
+}
+#endif
+
 fn iq8(blk: u32, j: u32) -> IQ8 {
     let l = words2(k6_low_word(blk, j));
     let h = words2(k6_high_word(blk, j));
