@@ -86,6 +86,12 @@ async def main(args):
     prompts = [r["prompt_tokens"] for r in results if r["ok"]]
     print(f"decode tok/s a stream: p50 {pct(rate, 50):.1f}  min {min(rate, default=float('nan')):.1f}  "
           f"(prompts of {pct(prompts, 50):.0f} tokens, p50)")
+    slowest = min((r for r in results if r["ok"] and r["itl"]), key=lambda r: r["decode_tps"], default=None)
+    if slowest:         # one long wait, or every token slower?
+        gaps = slowest["itl"]
+        worst = max(range(len(gaps)), key=gaps.__getitem__)
+        print(f"slowest stream: longest wait {1e3 * gaps[worst]:.1f} ms, after its token {worst + 1} of "
+              f"{len(gaps) + 1}; its median wait {1e3 * statistics.median(gaps):.2f} ms")
     return 1 if failed else 0
 
 

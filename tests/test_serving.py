@@ -648,7 +648,8 @@ def test_many_clients_cancels_and_bad_requests(engine):
 
 def test_load_script(engine):
     """bench/load.py against a live server: every completion checked, each token of each stream
-    timed (with --logprobs, as many as usage counts)."""
+    timed (with --logprobs, as many as usage counts), and the slowest stream's longest wait placed
+    within it."""
     import subprocess
     import sys
     from pathlib import Path
@@ -660,6 +661,8 @@ def test_load_script(engine):
     assert "completed 8, failed 0" in r.stdout and "TTFT ms (8 requests" in r.stdout, r.stdout
     rate = float(r.stdout.split("decode tok/s a stream: p50 ")[1].split()[0])
     assert rate > 0, r.stdout
+    after, of = r.stdout.split("slowest stream: longest wait ")[1].split("after its token ")[1].split(";")[0].split(" of ")
+    assert 1 <= int(after) < int(of) <= 10, r.stdout
     _settled(engine)
 
 
