@@ -67,11 +67,11 @@ QUANT_TYPES = {q.name: q for q in [
     QuantType("Q5_0", 32, 22, (0, 2), wide=(32, 1, 36)),                      # d            -> 20 (word aligned only)
     QuantType("Q5_1", 32, 24, (0, 8), wide=(32, 1, 24), iq8_min=True),         # d, m, qh     -> 16
     QuantType("Q4_K", 256, 144, None, wide=(256, 8, 32), int8_dot=True, k4_header=True, iq8_min=True,
-              raw8=True, raw8_int8=True, raw32=True),                                       # 144 = 9 x 16
+              raw8=True, raw8_int8=True, raw32=True),                                   # 144 = 9 x 16
     QuantType("Q5_K", 256, 176, None, wide=(256, 8, 48), k4_header=True, iq8_min=True,
               raw8=True),                                                               # 176 = 11 x 16
     QuantType("Q6_K", 256, 210, (208, 2), wide=(256, 4, 68), int8_dot=True, iq8_run=16,
-              raw8=True, raw32=True),                                                               # d -> 208 = 13 x 16
+              raw8=True, raw32=True),                                                   # d -> 208 = 13 x 16
     QuantType("Q2_K", 256, 84, (80, 4), wide=(256, 4, 36), int8_dot=True, iq8_min=True, iq8_run=16),  # d, dmin -> 80
     QuantType("Q3_K", 256, 110, (96, 14), wide=(256, 4, 52), int8_dot=True, iq8_run=16),  # scales, d    -> 96 = 6 x 16
     QuantType("IQ4_NL", 32, 18, (0, 2), wide=(32, 1, 20), int8_dot=True),     # d            -> 16
