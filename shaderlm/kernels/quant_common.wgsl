@@ -26,13 +26,14 @@
 //   struct Raw32, fn raw32(blk, s) -> Raw32  the words of run s (32 elements) of block blk
 //   fn dq32(r: Raw32, s) -> IQ32             those elements as iq8 gives them, 16 bytes a half
 
-#if WIDE || W4
-alias WeightWord = vec4<u32>;
-fn word(i: u32) -> u32 {
-    let v = w[i >> 2u];
-    let j = i & 3u;
+// word j (0..3) of v, by selects (a dynamic index into a vector can put it in local memory)
+fn word_of(v: vec4<u32>, j: u32) -> u32 {
     return select(select(v.x, v.y, j == 1u), select(v.z, v.w, j == 3u), j >= 2u);
 }
+
+#if WIDE || W4
+alias WeightWord = vec4<u32>;
+fn word(i: u32) -> u32 { return word_of(w[i >> 2u], i & 3u); }
 #else
 alias WeightWord = u32;
 fn word(i: u32) -> u32 { return w[i]; }
@@ -199,7 +200,7 @@ fn k4_dmin(h: vec4<u32>) -> vec2<f32> {
 }
 // Sub-block pair `pair`'s word: bytes (sc, sc', mn, mn'), the top bits cleared.
 fn k4_pair(h: vec4<u32>, pair: u32) -> u32 {
-    return select(select(h.x, h.y, pair == 1u), select(h.z, h.w, pair == 3u), pair >= 2u) & 0x3F3F3F3Fu;
+    return word_of(h, pair) & 0x3F3F3F3Fu;
 }
 
 // (d * sc[s], dmin * mn[s]) of sub-block s of the Q4_K / Q5_K block at word o (the dq8 decoders).

@@ -67,7 +67,7 @@ fn raw32(blk: u32, g: u32) -> Raw32 {
     return Raw32(w[lo], w[lo + 1u], w[hi], w[hi + 1u], w[blk * 13u + 12u], split_d(blk));
 }
 fn dq32(r: Raw32, g: u32) -> IQ32 {
-    let sw = select(select(r.sc.x, r.sc.y, g >= 2u), select(r.sc.z, r.sc.w, g >= 6u), g >= 4u);   // word g >> 1
+    let sw = word_of(r.sc, g >> 1u);
     let j = 4u * g;
     let lsh = (g & 2u) * 2u;
     let hsh = (g & 3u) * 2u;
