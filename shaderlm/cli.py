@@ -261,8 +261,9 @@ def cmd_tune(args):
     GEMVs, the int8 prompt GEMM's tiles for a full prompt pass, the GEMVs of a serving step of 4
     sequences and, where batches take the int8 GEMMs, each matrix's tile for a step of 64 and its
     matmul_few shape for a step of 16; keep the fastest per adapter and print what was chosen."""
+    from .kernels.gemm import TILE_TUNING_ROWS
     from .kernels.tuning import cache_path, shape_label
-    from .models.serving import TILE_TUNING_ROWS, Serving
+    from .models.serving import Serving
     args.ctx = args.ctx or 512                            # room for a full prompt pass (the tiles' key)
     model = _load(args, progress=False, tune=False)       # tuned below, every key
     kw = dict(cache_dir=model.options.cache_dir, force=True, reps=args.reps, log=lambda m: print(m, file=sys.stderr))

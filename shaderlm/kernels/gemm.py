@@ -234,11 +234,6 @@ FEW_SHAPES = ((4, 16, 128, 8), (4, 32, 128, 8), (4, 64, 128, 8), (2, 16, 64, 8),
 FEW_TUNING_ROWS = 16                # Serving.tune times them on the largest step up to this many rows
 
 
-def few_key(key: str) -> bool:
-    """Whether a tuning key is matmul_few's (a decode batch's shape, timed on fewer rows than the tiles)."""
-    return key.startswith("matmul_few ")
-
-
 def few_shape_valid(shape) -> bool:
     """`shape` is (rows a thread, lanes, threads, tokens a thread) matmul_few builds (a cached shape this kernel
     could be given)."""
@@ -388,6 +383,17 @@ def batch_tile_key(key: str) -> bool:
     """Whether a tuning key is a decode batch's GEMM tile or shape (matmul_tc's, matmul_q8's or matmul_few's
     "... batch")."""
     return key.startswith(("matmul_tc ", "matmul_q8 ", "matmul_few ")) and key.endswith(" batch")
+
+
+# the most rows of the decode step Serving.tune times a batch's GEMM tiles on (the tensor cores' batch tiles
+# hold this many tokens)
+TILE_TUNING_ROWS = TC_BATCH_TILE[1]
+
+
+def batch_tuning_rows(key: str) -> int:
+    """The most rows of the decode step that a batch key (batch_tile_key) is timed on: matmul_few's shapes
+    at a batch size it runs, the tiles at TILE_TUNING_ROWS."""
+    return FEW_TUNING_ROWS if key.startswith("matmul_few ") else TILE_TUNING_ROWS
 
 
 def matmul_tc(dev, w, x, y, st, *, max_tokens, y_stride, row0, accumulate, bias, from_state_row,

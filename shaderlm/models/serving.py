@@ -40,8 +40,6 @@ BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)
 # batches of this many rows or more take the int8 batch matmuls (each weight read and decoded once for all
 # rows) instead of the decode GEMVs (each row's own int8 conversion and dots, weights re-read through L2)
 GEMM_ROWS = 8
-# the step Serving.tune times decode batches' GEMM tiles on (the tensor cores' batch tiles hold this many tokens)
-TILE_TUNING_ROWS = gemm.TC_BATCH_TILE[1]
 
 
 def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
@@ -132,25 +130,23 @@ class Serving:
     def tune(self, cache_dir=None, force=False, reps=5, log=None, rows: int = 4) -> list:
         """Tune the shapes of the batched decode GEMVs (those taking several tokens a workgroup:
         kernels/gemv.batch_candidates) on a step of `rows` rows, or of the most rows below that the
-        GEMVs run, with pages of their own; and each matrix's GEMM tile for a decode batch (tensor cores'
-        or the split int8 GEMM's: gemm.batch_tile_key) on a step of the most rows up to TILE_TUNING_ROWS,
-        and its matmul_few shape on one of the most rows up to gemm.FEW_TUNING_ROWS, every slot reading
-        the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
+        GEMVs run, with pages of their own; and each matrix's GEMM tile or shape for a decode batch
+        (gemm.batch_tile_key) on the step of the most rows up to its key's gemm.batch_tuning_rows, every
+        slot reading the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
         0..: at start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
         on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
-        on_gemms = [r for r in BUCKETS if r <= min(TILE_TUNING_ROWS, self.max_rows) and self.on_gemms(r)]
+        on_gemms = [r for r in BUCKETS if r <= self.max_rows and self.on_gemms(r)]
         report = []
         if on_gemvs and on_gemvs[-1] * self.max_pages <= self.n_pages:
             for s in range(on_gemvs[-1]):
                 self.set_own_pages(s)
             report += self._tune_step(on_gemvs[-1], batch_key, cache_dir, force, reps, log)
-        # matmul_few's shapes on the most rows up to FEW_TUNING_ROWS, the other tiles on the most up to
-        # TILE_TUNING_ROWS (each key on its own step only, also where both steps run matmul_few)
-        few_rows = max((r for r in on_gemms if r <= gemm.FEW_TUNING_ROWS), default=0)
-        tile_rows = max(on_gemms, default=0)
-        for n in sorted({few_rows, tile_rows} - {0}):
+
+        def step_of(key) -> int:        # each key on its own step only, though a larger one may run it too
+            return max((r for r in on_gemms if r <= gemm.batch_tuning_rows(key)), default=0)
+        for n in on_gemms:
             def only(key, n=n) -> bool:
-                return gemm.batch_tile_key(key) and n == (few_rows if gemm.few_key(key) else tile_rows)
+                return gemm.batch_tile_key(key) and step_of(key) == n
             if any(d.tune and only(d.tune.key) for d in self.decode_plan(n).dispatches):
                 for s in range(n):              # (a table's entries past a small pool's pages stay 0: valid)
                     self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
