@@ -113,6 +113,29 @@ def test_chat_stream_wire_format(server):
     assert events[-1]["choices"][0]["delta"] == {}
 
 
+def test_stream_text_chunks_wire_format(server, tok):
+    """Every token's chunk (written from a template a choice) is the object OpenAI sends, for texts JSON must
+    escape and for non-ASCII text, which stays unescaped as OpenAI writes it."""
+    _, url = server
+    messages = [{"role": "user", "content": 'say "hi" \\ back\nthen é ✓ and </tag>'}]
+    body = {"messages": messages, "max_tokens": 40, "stream": True, "n": 2, "seed": 3,
+            "stream_options": {"include_usage": True}}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=10)
+    events = sse_events(r.text)
+    assert "é" in r.text and "\\u00e9" not in r.text
+    head = {k: events[0][k] for k in ("id", "object", "created", "model")}
+    texts = ["", ""]
+    for e in events[:-1]:
+        assert {k: e[k] for k in head} == head and set(e) == {*head, "choices", "usage"} and e["usage"] is None
+        [c] = e["choices"]
+        if c["finish_reason"] is None and "content" in c["delta"] and "role" not in c["delta"]:
+            assert c == {"index": c["index"], "delta": {"content": c["delta"]["content"]}, "logprobs": None,
+                         "finish_reason": None}
+            texts[c["index"]] += c["delta"]["content"]
+    ids = tok.encode_chat(messages)
+    assert texts == [reply(tok, ids, 40, seed=3 + i) for i in range(2)]
+
+
 def test_content_parts_and_roles(client, tok):
     parts = [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
              {"role": "user", "content": "hello world"}, {"role": "assistant", "content": "hi"},

@@ -170,6 +170,17 @@ class Writer:
         def chunk(choice):
             return _sse(self._object(self.fmt.chunk_object, choices=[choice], **extra))
 
+        # a text delta's chunk written once a choice, around its text: a stream's most common object,
+        # one a token, so its JSON is not rebuilt every time (the event loop's time a token adds up
+        # over many streams, and it takes the GIL from the engine's thread)
+        around: dict[int, list[str]] = {}
+
+        def text_chunk(i, text):
+            if i not in around:
+                around[i] = chunk(self.fmt.delta(i, _MARK, None, None)).rsplit(json.dumps(_MARK), 1)
+            before, after = around[i]
+            return before + json.dumps(text, ensure_ascii=False) + after
+
         n = len(self.run.streams)
         offsets, completion = [0] * n, [0] * n
         try:
@@ -185,7 +196,9 @@ class Writer:
                             out.append(_sse(server_error(why).body()))
                             failed = True
                             break
-                        if ev.text or ev.logprobs:
+                        if ev.text and not self.want_logprobs:
+                            out.append(text_chunk(i, ev.text))
+                        elif ev.text or ev.logprobs:
                             lp = self.fmt.logprobs(ev.logprobs, offsets[i]) if self.want_logprobs else None
                             offsets[i] += len(ev.text)
                             out.append(chunk(self.fmt.delta(i, ev.text, lp, None)))
@@ -202,6 +215,9 @@ class Writer:
             log.exception("streaming %s failed", self.id)
             yield _sse(server_error(f"{type(e).__name__}: {e}").body())
         yield "data: [DONE]\n\n"
+
+
+_MARK = "\x00text\x00"        # a delta's text in the chunk text_chunk fills in (the JSON's last string)
 
 
 def _sse(obj) -> str:
