@@ -51,10 +51,11 @@ run: vulkan $(VENV)/.ready
 #    it, and does nothing on a GPU): the tests of the kernels whose code depends on the size;
 #  - Dawn instead of wgpu-native (where a lavapipe it runs on was found; its WGSL compiler, Tint, is
 #    stricter than naga): greedy decoding of every architecture's synthetic models, fused and
-#    unfused, against the NumPy reference, and a serving step's batch invariance (paged attention,
-#    the batched sampler).
+#    unfused, against the NumPy reference, a serving step's batch invariance (paged attention, the
+#    batched sampler) and a prompt pass over several sequences.
 SIZE_KERNELS := default and (gemv or matmul_types or matmul_fused or attention)
-DAWN_SERVING := tests/test_serving.py::test_batched_decode_is_single_stream_decode[fused-llama-tiny-k-Q4_K_M]
+DAWN_SERVING := "tests/test_serving.py::test_batched_decode_is_single_stream_decode[fused-llama-tiny-k-Q4_K_M]" \
+	"tests/test_serving.py::test_prompts_in_one_pass_are_each_alone[llama-tiny-k-Q4_K_M-False]"
 
 test: vulkan $(VENV)/.ready $(DAWN_VK)/lvp_icd.json
 	$(VENV)/bin/lint-imports
@@ -64,7 +65,7 @@ test: vulkan $(VENV)/.ready $(DAWN_VK)/lvp_icd.json
 	LP_NATIVE_VECTOR_WIDTH=512 $(PY) -m pytest -q tests/test_kernels.py -k "$(SIZE_KERNELS)"
 	@if [ -s $(DAWN_VK)/lvp_icd.json ]; then set -ex; export VK_DRIVER_FILES=$(CURDIR)/$(DAWN_VK)/lvp_icd.json SHADERLM_WEBGPU=dawn; \
 		$(PY) -m shaderlm info 2>/dev/null | grep '^WebGPU: wgpudawn'; \
-		$(PY) -m pytest -q tests/test_model.py tests/test_archs.py "$(DAWN_SERVING)" -k "greedy or batched"; \
+		$(PY) -m pytest -q tests/test_model.py tests/test_archs.py $(DAWN_SERVING) -k "greedy or batched or one_pass"; \
 	else echo "Dawn pass skipped: no lavapipe it runs on (Debian 12 as root fetches one)"; fi
 
 clean:

@@ -3,12 +3,16 @@
 tokens/s, and every completion checked (no error, a finish reason, usage counts; with --logprobs as many
 tokens streamed as usage says).
 
-    python bench/load.py --url http://127.0.0.1:8080 -c 64 -n 128 --requests 128
+    python bench/load.py --url http://127.0.0.1:8080 -c 64 -n 128 --requests 128 --procs 4
+
+One Python process parses a few thousand chunks a second through the client: past that, `--procs`
+shares the streams between client processes, so that the client does not set the pace.
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing as mp
 import statistics
 import time
 
@@ -51,11 +55,13 @@ async def one(client, model, i, n, temperature, logprobs):
                 finish=f"{finish}, {len(stamps)} tokens streamed, usage {usage.completion_tokens if usage else None}")
 
 
-async def main(args):
+async def drive(args, ids, concurrency: int, start=None):
+    """Requests `ids`, `concurrency` at a time, from this process: (model, start and end time, results).
+    `start`: a barrier the client processes pass together once connected."""
     from openai import AsyncOpenAI
     client = AsyncOpenAI(base_url=f"{args.url}/v1", api_key="none", max_retries=0, timeout=600)
     model = (await client.models.list()).data[0].id
-    sem = asyncio.Semaphore(args.concurrency)
+    sem = asyncio.Semaphore(concurrency)
 
     async def bounded(i):
         async with sem:
@@ -65,14 +71,43 @@ async def main(args):
                 return dict(ok=False, ttft=float("nan"), decode_tps=float("nan"), itl=[], tokens=0,
                             finish=f"{type(e).__name__}: {e}")
 
-    t0 = time.perf_counter()
-    results = await asyncio.gather(*[bounded(i) for i in range(args.requests)])
-    wall = time.perf_counter() - t0
+    if start is not None:
+        start.wait()
+    t0 = time.time()
+    results = await asyncio.gather(*[bounded(i) for i in ids])
+    return model, t0, time.time(), results
+
+
+def _drive_share(args, ids, concurrency, start, out):
+    out.put(asyncio.run(drive(args, ids, concurrency, start)))
+
+
+def main(args) -> int:
+    if args.procs <= 1:
+        model, t0, t1, results = asyncio.run(drive(args, range(args.requests), args.concurrency))
+    else:                       # request i to process i % procs, the concurrency shared alike
+        ctx = mp.get_context("spawn")
+        start, out = ctx.Barrier(args.procs), ctx.Queue()
+        procs = [ctx.Process(target=_drive_share, args=(args, range(j, args.requests, args.procs),
+                                                       len(range(j, args.concurrency, args.procs)), start, out))
+                 for j in range(args.procs)]
+        for pr in procs:
+            pr.start()
+        shares = [out.get() for _ in procs]
+        for pr in procs:
+            pr.join()
+        model, t0, t1 = shares[0][0], min(s[1] for s in shares), max(s[2] for s in shares)
+        results = [r for s in shares for r in s[3]]
+    return report(args, model, results, t1 - t0)
+
+
+def report(args, model, results, wall) -> int:
     failed = [r for r in results if not r["ok"]]
     ttft = [r["ttft"] for r in results if r["ok"] and r["ttft"] == r["ttft"]]
     itl = [x for r in results if r["ok"] for x in r["itl"]]
     tokens = sum(r["tokens"] for r in results)
-    print(f"{model}: {args.requests} requests, {args.concurrency} at once, max_tokens {args.n}, {wall:.1f} s")
+    print(f"{model}: {args.requests} requests, {args.concurrency} at once from {args.procs} client process"
+          f"{'es' * (args.procs > 1)}, max_tokens {args.n}, {wall:.1f} s")
     print(f"completed {len(results) - len(failed)}, failed {len(failed)}"
           + (f" (first: {failed[0]['finish']})" if failed else ""))
     print(f"tokens {tokens}, aggregate {tokens / wall:.1f} tok/s")
@@ -106,6 +141,8 @@ if __name__ == "__main__":
     ap.add_argument("--logprobs", action="store_true",
                     help="ask for logprobs, so that every token streams a chunk and is timed (for models "
                          "whose tokens may decode to no text)")
+    ap.add_argument("--procs", type=int, default=1, help="client processes sharing the streams")
     a = ap.parse_args()
     a.requests = a.requests or a.concurrency
-    raise SystemExit(asyncio.run(main(a)))
+    a.procs = max(1, min(a.procs, a.concurrency))
+    raise SystemExit(main(a))

@@ -73,6 +73,61 @@ def test_batched_decode_is_single_stream_decode(synth_gguf, arch, preset, quant,
             assert np.array_equal(r, rows[0]), f"prompt {i}: logits differ between batches"
 
 
+@pytest.mark.parametrize("arch,preset,quant,exact", [("llama", "tiny-k", "Q4_K_M", True),
+                                                     ("llama", "tiny-k", "Q4_K_M", False),
+                                                     ("gemma3", "tiny", "Q8_0", False),
+                                                     ("qwen3moe", "tiny", "Q8_0", False)])
+def test_prompts_in_one_pass_are_each_alone(synth_gguf, arch, preset, quant, exact):
+    """Several sequences' prompts in one prompt pass (each token at its own slot and position), one of
+    them split over two passes (its second part after positions already in its pages), give each
+    prompt's first-token logits bit for bit as a pass of it alone, and the same greedy tokens as the
+    single-stream model (Model.generate_tokens)."""
+    from shaderlm.models.serving import PromptPart
+    path = synth_gguf(seed=3, preset=preset, arch=arch, quant=quant)
+    m = shaderlm.load(path, progress=False, ctx=256, options=Options.from_env().replace(exact_prefill=exact))
+    V = m.config.vocab_size
+    prompts = [random_ids(V, n, 40 + n) for n in (13, 90, 5, 70)]      # over a 64-query attention tile too
+    want = [m.generate_tokens(p, N, stop_at_eos=False) for p in prompts]
+    sv = Serving(m.net, slots=4, seq_ctx=128, tokens_per_submit=4)
+    alone = []
+    for s, p in enumerate(prompts):
+        sv.set_own_pages(s)
+        sv.prefill(s, p, 0, True)
+        alone.append(sv.last_logits(1)[0])
+        assert sv.read_tokens(s, len(p), 1) == want[s][:1]
+    a, b, c, d = prompts
+    split = 17
+    sv.prefill_pass([PromptPart(0, a, 0, True), PromptPart(1, b[:split], 0), PromptPart(2, c, 0, True)])
+    first = sv.last_logits(2)
+    sv.prefill_pass([PromptPart(3, d, 0, True), PromptPart(1, b[split:], split, True)])
+    second = sv.last_logits(2)
+    for got, s in ((first[0], 0), (first[1], 2), (second[0], 3), (second[1], 1)):
+        assert np.array_equal(got, alone[s]), f"prompt {s}: its first logits differ from its pass alone"
+    got = {s: sv.read_tokens(s, len(p), 1) for s, p in enumerate(prompts)}
+    pos = {s: len(p) for s, p in enumerate(prompts)}
+    while len(got[0]) < N:
+        steps = min(4, N - len(got[0]))
+        batch = sv.record(list(got), [pos[s] for s in got], steps)
+        sv.submit(batch)
+        for row, s in zip(sv.tokens_of(batch), list(got)):
+            got[s] += row.tolist()
+            pos[s] += steps
+    assert [got[s] for s in range(4)] == want
+
+
+def test_prompt_pass_refuses_what_it_cannot_hold(synth_gguf):
+    """A pass over more tokens than the prefill batch, more stretches than slots, or an empty stretch
+    is refused with the reason, before anything is written."""
+    from shaderlm.models.serving import PromptPart
+    m = shaderlm.load(synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M"), progress=False, ctx=256)
+    sv = Serving(m.net, slots=2, seq_ctx=128)
+    ids = random_ids(m.config.vocab_size, m.net.batch + 1, 1)
+    for parts in ([PromptPart(0, ids, 0, True)], [PromptPart(0, [1], 0), PromptPart(1, [1], 0), PromptPart(0, [1], 1)],
+                  [PromptPart(0, [], 0, True)]):
+        with pytest.raises(ValueError, match="prompt pass"):
+            sv.prefill_pass(parts)
+
+
 @pytest.mark.parametrize("fuse", [False, True], ids=["unfused", "fused"])
 @pytest.mark.parametrize("int8", [False, True], ids=["x24", "int8"])
 def test_serving_step_logits_are_the_single_streams(synth_gguf, fuse, int8):
@@ -523,27 +578,24 @@ def _ends(stream, timeout=60.0) -> list:
 
 
 def test_fault_while_prompts_join_a_step_fails_all_of_them(engine, monkeypatch):
-    """Three prompts prefilled in one step, the second's prefill failing: each of the three ends with
-    an error (the first too, whose prompt was done but whose first token was not read yet), their
+    """Three prompts in one prompt pass, the pass failing: each of the three ends with an error, their
     pages come back, and the engine goes on."""
     m = engine.model
     prompts = [random_ids(m.config.vocab_size, n, 20 + n) for n in (7, 9, 11)]
-    real, calls = engine.runner.prefill, []
+    real, calls = engine.runner.prefill_pass, []
 
-    def prefill_failing_second(*a, **kw):
-        calls.append(1)
-        if len(calls) == 2:
-            raise RuntimeError("injected prefill failure")
-        return real(*a, **kw)
-    monkeypatch.setattr(engine.runner, "prefill", prefill_failing_second)
+    def pass_failing(parts):
+        calls.append([p.slot for p in parts])
+        raise RuntimeError("injected prefill failure")
+    monkeypatch.setattr(engine.runner, "prefill_pass", pass_failing)
     with engine._cv:               # all three wait before the engine's next step
         streams = [engine.submit(Request(p, max_tokens=4, stop_at_eos=False)) for p in prompts]
     for s in streams:
         events = _ends(s)
         assert events[-1].finish_reason == "error" and "injected prefill failure" in events[-1].error
-    assert len(calls) == 2
+    assert len(calls) == 1 and len(calls[0]) == 3
     _settled(engine)
-    monkeypatch.setattr(engine.runner, "prefill", real)
+    monkeypatch.setattr(engine.runner, "prefill_pass", real)
     want = m.generate_tokens(prompts[0], 4, stop_at_eos=False)
     assert [t for ev in _ends(engine.submit(Request(prompts[0], max_tokens=4, stop_at_eos=False)))
             for t in ev.token_ids] == want
@@ -646,17 +698,18 @@ def test_many_clients_cancels_and_bad_requests(engine):
     _settled(engine)
 
 
-def test_load_script(engine):
+@pytest.mark.parametrize("procs", [1, 2])
+def test_load_script(engine, procs):
     """bench/load.py against a live server: every completion checked, each token of each stream
     timed (with --logprobs, as many as usage counts), and the slowest stream's longest wait placed
-    within it."""
+    within it; also with the streams shared by two client processes."""
     import subprocess
     import sys
     from pathlib import Path
     script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
     with running_server(engine) as url:
         r = subprocess.run([sys.executable, str(script), "--url", url, "-c", "6", "--requests", "8", "-n", "10",
-                            "--logprobs"], capture_output=True, text=True, timeout=300)
+                            "--logprobs", "--procs", str(procs)], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "completed 8, failed 0" in r.stdout and "TTFT ms (8 requests" in r.stdout, r.stdout
     rate = float(r.stdout.split("decode tok/s a stream: p50 ")[1].split()[0])

@@ -2,10 +2,11 @@
 
 One thread owns the GPU. Requests wait in a bounded queue; a request is admitted when a sequence slot
 is free and the KV pool can promise the pages its prompt and completion may need (reusing cached
-pages of an equal prompt prefix). Its prompt is prefilled a chunk at a time, between decode
-batches, so running streams keep flowing; then it joins the decode batch, which advances every
-running sequence one token a step, several steps a submit, two submits queued on the GPU while the
-next is recorded. Tokens come back per sequence, are checked for the end (end-of-generation token,
+pages of an equal prompt prefix). Prompts are prefilled between decode batches, so running streams
+keep flowing: a round's prompt pass takes the next tokens of the waiting prompts, up to a chunk in all
+(many short prompts in one pass, a long one a chunk a round). A prompt done joins the decode batch,
+which advances every running sequence one token a step, several steps a submit, two submits queued
+on the GPU while the next is recorded. Tokens come back per sequence, are checked for the end (end-of-generation token,
 stop string, max_tokens, a cancel) and go out as text events. A sequence that has ended is dropped
 from the next batch; its slot and pages are freed once no batch in flight still computes it.
 """
@@ -24,7 +25,7 @@ from dataclasses import dataclass, field
 
 
 from ..errors import ContextFullError
-from ..models.serving import Serving
+from ..models.serving import PromptPart, Serving
 from ..options import Options
 from .model import Model
 from .pages import PagePool
@@ -277,15 +278,15 @@ class Engine:
             self.runner.set_pages(seq.slot, seq.pages)
 
     def _step(self):
-        """One round: prompt chunks, up to `chunk` tokens of them in all (several short prompts join at
-        once), then decode batches kept in flight."""
+        """One round: a prompt pass over the waiting prompts' next tokens, up to `chunk` of them in all
+        (several short prompts at once, a long one a chunk a round), then decode batches kept in flight."""
         r = self.runner
-        budget, prefilled = self.chunk, []
-        # a prompt being prefilled stays in `prefilling` (at its front), so that a failed step fails it too
-        while len(self.prefilling) > len(prefilled) and budget > 0:
-            seq = self.prefilling[len(prefilled)]
+        budget, parts, taken = self.chunk, [], []
+        # a prompt being prefilled stays in `prefilling` (done ones at its front), so that a failed step fails it too
+        while len(self.prefilling) > len(taken) and budget > 0:
+            seq = self.prefilling[len(taken)]
             if seq.cancelled:
-                del self.prefilling[len(prefilled)]
+                del self.prefilling[len(taken)]
                 self._end(seq, "cancelled")
                 continue
             if seq.prefilled == seq.cached:
@@ -294,11 +295,16 @@ class Engine:
                 r.set_sampling(seq.slot, req.temperature, req.top_k, req.top_p, seed, req.logprobs or 0)
                 self._ensure_pages(seq, len(seq.prompt) + 1)
             end = min(len(seq.prompt), seq.prefilled + budget)
-            r.prefill(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
-                      logprobs=seq.request.logprobs is not None)
+            parts.append(PromptPart(seq.slot, seq.prompt[seq.prefilled:end], seq.prefilled, end == len(seq.prompt),
+                                    logprobs=seq.request.logprobs is not None))
             budget -= end - seq.prefilled
-            seq.prefilled = end
-            if end == len(seq.prompt):
+            taken.append(seq)
+        if parts:
+            r.prefill_pass(parts)
+        prefilled = []
+        for seq, part in zip(taken, parts):
+            seq.prefilled += len(part.ids)
+            if part.sample:
                 self.pool.register(seq.prompt, seq.pages)
                 seq.pos = len(seq.prompt)
                 prefilled.append(seq)

@@ -53,9 +53,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let half_hd = hd / 2u;
     let kvh = h / (p.n_heads / p.n_kv);
 #if BATCH
-    let seq = rows[t];
+    let seq = row_slot(t);
     if (seq == NONE) { return; }
-    let qpos = seq_pos[seq];
+    let qpos = row_pos(t, seq);
 #else
     let seq = st.seq;
     let qpos = st.pos + t;

@@ -169,9 +169,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let half_hd = hd / 2u;
 #if BATCH
     let b = wid.z;                   // batch row
-    let seq = rows[b];
+    let seq = row_slot(b);
     if (seq == NONE) { return; }
-    let qpos = seq_pos[seq];
+    let qpos = row_pos(b, seq);
 #else
     let b = 0u;
     let seq = st.seq;

@@ -14,9 +14,15 @@
 // memory); threads summing a row's output keep its running sum. Needs BQ * BK = SR WG SK, BQ * H4 =
 // PR WG OV and BK * H4 a multiple of WG (ops.prefill_attention_tile_ok).
 // PAGED: the cache rows of a paged KV cache (paged.wgsl), for the sequence in st.seq.
+// RAGGED (a prompt pass over several sequences, batch_rows.wgsl): grid z is the sequence, whose rows,
+// slot and first position its table entry gives; its queries are tiled from its first row, as a pass
+// of that sequence alone would tile them.
 // SINKS (gpt-oss): each head's learned logit joins the softmax's denominator and weighs no value.
 #include state
 #include kv_rows
+#if RAGGED
+#include batch_rows
+#endif
 
 struct P { n_heads: u32, n_kv: u32, hd: u32, window: u32, scale: f32, softcap: f32, rope_dim: u32, zero: u32 }
 @group(0) @binding(0) var<uniform> p: P;
@@ -100,12 +106,22 @@ fn store_v(li: u32, t: Tile, k0: u32, last: u32) {
 @compute @workgroup_size({{WG}})
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let h = wid.x;
+#if RAGGED
+    let e = 4u * wid.z;                           // (first row, rows, slot, first position)
+    let tq = wid.y * BQ;
+    if (tq >= rows[e + 1u]) { return; }
+    let t0 = rows[e] + tq;
+    let seq = rows[e + 2u];
+    let nq = min(BQ, rows[e + 1u] - tq);          // queries of this tile in the sequence
+    let pos0 = rows[e + 3u] + tq;                 // the first query's position
+#else
     let t0 = wid.y * BQ;
     if (t0 >= st.n) { return; }
-    let kvh = h / (p.n_heads / p.n_kv);
     let seq = st.seq;
     let nq = min(BQ, st.n - t0);                  // queries of this tile in the batch
     let pos0 = st.pos + t0;                       // the first query's position
+#endif
+    let kvh = h / (p.n_heads / p.n_kv);
     let last = pos0 + nq - 1u;                    // the last query's: no key past it is visible
     let stride = (p.n_heads + 2u * p.n_kv) * HD;
     for (var i = li; i < BQ * H4; i += WG) {

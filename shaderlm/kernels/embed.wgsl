@@ -21,12 +21,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.x;
     if (t >= st.n) { return; }
 #if BATCH
-    let s = rows[t];
+    let s = row_slot(t);
     if (s == NONE) {
         for (var i = li; i < p.dim / 4u; i += 64u) { x[(t * p.dim) / 4u + i] = vec4<f32>(0.0); }
         return;
     }
-    let id = tokens[s * HIST + seq_pos[s]];
+    let id = tokens[s * HIST + row_pos(t, s)];
 #else
     let id = tokens[st.tok + t];
 #endif

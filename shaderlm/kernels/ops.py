@@ -19,21 +19,27 @@ from .grid import ROW_WG, cdiv
 class Paging:
     """A paged KV cache (kernels/paged.wgsl): the page table, and for a batched step (`rows` given,
     kernels/batch_rows.wgsl) each row's sequence slot and each slot's position and stretch of the
-    token buffer."""
+    token buffer. `ragged`: a prompt pass over up to that many sequences, whose table and rows' slots and
+    positions `rows` holds (batch_rows.wgsl's RAGGED; seq_pos is not read)."""
     pages: object               # u32 per (slot, page index): pool page ids
     page: int                   # positions a page holds
     max_pages: int              # table entries per slot
     rows: object = None         # u32 per batch row: its slot, or 0xFFFFFFFF (a padding row)
     seq_pos: object = None      # u32 per slot: the position of the token it feeds next
     hist: int = 0               # tokens per slot in the token buffer
+    ragged: int = 0
+
+    def row_defines(self) -> dict:
+        return dict(BATCH=self.rows is not None, HIST=self.hist, RAGGED=self.ragged > 0, RSEQS=self.ragged)
 
     def defines(self) -> dict:
-        return dict(PAGED=True, PAGE=self.page, MAXP=self.max_pages, BATCH=self.rows is not None, HIST=self.hist)
+        return dict(PAGED=True, PAGE=self.page, MAXP=self.max_pages, **self.row_defines())
 
     def bindings(self, res: list) -> list:
         """`res` padded to bindings 0..12 with, batched, rows (10) and seq_pos (11), and pages (12)."""
         batched = self.rows is not None
-        return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched else None, self.pages]
+        return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched and not self.ragged else None,
+                                                 self.pages]
 
 
 def int8_gemm(w, *, tt: int, tiled: bool, int8: bool) -> bool:
@@ -123,10 +129,15 @@ def moe_combine(dev, y, weights, x, st, *, dim: int, slots: int, ids=None, bias=
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (cdiv(dim, 256), n), label="moe_combine")
 
 
-def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False) -> Dispatch:
-    pipe = pipeline(dev, "rmsnorm", WG=ROW_WG)
-    bg = dev.bind_group(pipe, [dev.uniform(dim, int(from_state_row), float(eps), 0), st, x, w, y])
-    return Dispatch(pipe, bg, lambda n: (n, 1), label="rmsnorm")
+def rmsnorm(dev, x, w, y, st, *, dim: int, eps: float, from_state_row=False, gather=None) -> Dispatch:
+    """y's rows: x's rows (from st.out_row0 where `from_state_row`) normed. `gather`: (a buffer of x row
+    indices, rows): y's rows from those rows of x."""
+    pipe = pipeline(dev, "rmsnorm", WG=ROW_WG, GATHER=gather is not None)
+    params = dev.uniform(dim, int(from_state_row), float(eps), 0)
+    if gather is not None:
+        src, rows = gather
+        return Dispatch(pipe, dev.bind_group(pipe, [params, None, x, w, y, src]), (rows, 1, 1), label="rmsnorm")
+    return Dispatch(pipe, dev.bind_group(pipe, [params, st, x, w, y]), lambda n: (n, 1), label="rmsnorm")
 
 
 def _sinks(sinks, defines: dict, res: list) -> tuple[dict, list]:
@@ -149,8 +160,8 @@ def embed(dev, w, tokens, x, st, *, scale: float = 1.0, paging: Paging | None = 
     for c in w.chunks:
         res = [dev.uniform(w.cols, c.row0, c.rows, c.dbase, float(scale), 0, 0, 0), st, tokens, c.buffer, x]
         if batched:
-            pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel, BATCH=True, HIST=paging.hist)
-            res += [None] * 5 + [paging.rows, paging.seq_pos]
+            pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel, **paging.row_defines())
+            res += [None] * 5 + [paging.rows, None if paging.ragged else paging.seq_pos]
         else:
             pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="embed"))
@@ -224,14 +235,17 @@ def attention(dev, qkv, k_cache, v_cache, out, st, *, n_heads, n_kv, head_dim, s
         return Dispatch(pipe, dev.bind_group(pipe, res), (n_heads, splits, max(batch, 1)), label="attention_decode")
     if head_norm is not None or q8_out is not None or v_apart is not None:
         raise ValueError("the per-head norm, the output's rounding and V apart are the subgroup decode kernel's only")
-    tile = None if fused or not tiled or (paging and paging.rows is not None) else (
+    ragged = paging.ragged if paging else 0
+    tile = None if fused or not tiled or (paging and paging.rows is not None and not ragged) else (
         prefill_tile or prefill_attention_tile(dev, head_dim))
     if tile:
         bq = tile[0]
         defines, res = _paged(paging, *_sinks(sinks, _prefill_tile_defines(head_dim, *tile),
-                                              [params, st, qkv, k_cache, v_cache, out]))
+                                              [params, None if ragged else st, qkv, k_cache, v_cache, out]))
         pipe = pipeline(dev, "attention_prefill", **defines)
-        return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n_heads, cdiv(n, bq)), label="attention_prefill")
+        # ragged: a grid z a sequence, each with as many query tiles as the pass could give it
+        grid = (lambda n: (n_heads, cdiv(n, bq), ragged)) if ragged else (lambda n: (n_heads, cdiv(n, bq)))
+        return Dispatch(pipe, dev.bind_group(pipe, res), grid, label="attention_prefill")
     defines, res = _paged(paging, *_sinks(sinks, dict(WG=wg, HD=head_dim, PAIRS=cdiv(head_dim // 2, wg), ROPE=fused,
                                                        NEOX=neox), [params, st, qkv, k_cache, v_cache, out, inv_freq]))
     pipe = pipeline(dev, "attention", **defines)
@@ -390,9 +404,10 @@ def add_rmsnorm(dev, y, w, x, st, *, dim: int, eps: float, next_w=None, xn=None)
     return Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="add_rmsnorm")
 
 
-def softcap(dev, logits, st, *, vocab: int, cap: float, stride: int = 0) -> Dispatch:
-    """logits = cap * tanh(logits / cap) over this batch's logit rows (from st.out_row0), `stride`
-    floats apart (default: vocab)."""
-    pipe = pipeline(dev, "softcap")
-    bg = dev.bind_group(pipe, [dev.uniform(vocab, stride or vocab, float(cap), 0), st, logits])
-    return Dispatch(pipe, bg, lambda n: (cdiv(vocab, 256), n), label="softcap")
+def softcap(dev, logits, st, *, vocab: int, cap: float, stride: int = 0, rows: int = 0) -> Dispatch:
+    """logits = cap * tanh(logits / cap) over this batch's logit rows (from st.out_row0; `rows`: that
+    many, st aside), `stride` floats apart (default: vocab)."""
+    pipe = pipeline(dev, "softcap", ROWS=rows > 0)
+    bg = dev.bind_group(pipe, [dev.uniform(vocab, stride or vocab, float(cap), rows), None if rows else st, logits])
+    grid = (cdiv(vocab, 256), rows, 1) if rows else (lambda n: (cdiv(vocab, 256), n))
+    return Dispatch(pipe, bg, grid, label="softcap")

@@ -33,9 +33,9 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let t = wid.y;
     if (t >= st.n) { return; }
 #if BATCH
-    let seq = rows[t];
+    let seq = row_slot(t);
     if (seq == NONE) { return; }
-    let pos = seq_pos[seq];
+    let pos = row_pos(t, seq);
 #else
     let seq = st.seq;
     let pos = st.pos + t;

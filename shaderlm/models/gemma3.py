@@ -220,9 +220,10 @@ class Gemma3(Transformer):
         return self.matmul(w, inp, self.y, y_stride=a.dim, **mm) + \
             [ops.add_rmsnorm(self.dev, self.y, post, self.x, self.b.state, dim=a.dim, eps=a.rms_eps, **nxt)]
 
-    def head_ops(self, tt, decode=False):
-        out = super().head_ops(tt, decode)
+    def head_ops(self, tt, decode=False, gather=None):
+        out = super().head_ops(tt, decode, gather)
         if self.args.final_logit_softcap:
             out.append(ops.softcap(self.dev, self.b.logits, self.b.state, vocab=self.args.vocab_size,
-                                   cap=self.args.final_logit_softcap, stride=self.b.logit_stride))
+                                   cap=self.args.final_logit_softcap, stride=self.b.logit_stride,
+                                   rows=gather[1] if gather else 0))
         return out

@@ -16,11 +16,18 @@ gemm.TC_BATCH_ROWS rows (x and W on 16-bit grids). Within each of these a token'
 same in every batch, but not the decode GEMVs' nor the others' (other rounding of x, other order of
 sums), so a near-tie may flip when a sequence's batch crosses one of those sizes.
 
+Prompts go through prompt passes: one pass takes stretches of several sequences' prompts (up to the
+model's prefill batch of tokens in all), each token at its own slot and position, and samples the token
+after each stretch that ends a prompt. A token's arithmetic in a pass does not depend on the other
+tokens in it, so a prompt gives the same K/V and first token alone or beside others, in one pass or
+several (after a cached prefix, say).
+
 Positions a slot may hold are `seq_ctx`; the host (the scheduler) allocates pages and writes the
 tables, and keeps each slot's position: a slot's position on the GPU moves one token a step.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import SimpleNamespace
 
 import numpy as np
@@ -47,6 +54,17 @@ def parse_logprobs(rows: np.ndarray, top: int) -> list[tuple[float, list]]:
     value) pairs) as (log-probability, [(token, log-probability)] of the `top` most likely) a row."""
     return [(float(r[0]), [(int(i), float(v)) for i, v in zip(r[1::2].view(np.uint32)[:top], r[2::2][:top])])
             for r in rows]
+
+
+@dataclass
+class PromptPart:
+    """A stretch of one sequence's prompt in a prompt pass: `ids` at positions pos0.. of slot `slot`;
+    with `sample`, the token after them is sampled (with `logprobs`, its logprobs row too)."""
+    slot: int
+    ids: list
+    pos0: int
+    sample: bool = False
+    logprobs: bool = False
 
 
 def bucket(n: int) -> int:
@@ -95,7 +113,11 @@ class Serving:
         self.tokens = dev.buffer(4 * slots * self.hist, label="slot tokens")
         self.params = dev.buffer(32 * slots, label="slot sampling")
         self.rows = dev.buffer(4 * BUCKETS[-1], label="batch rows")
-        self.prefill_row = dev.upload(np.zeros(4, np.uint32), label="prefill row")
+        # a prompt pass's sequences (first row, rows, slot, first position) and its rows' (slot, position)
+        self.prompt_rows = dev.buffer(4 * (4 * slots + 2 * net.batch), label="prompt pass rows")
+        # the pass's sampled sequences: the rows of their last tokens, and their slots (the sampler's rows)
+        self.head_rows = dev.buffer(4 * bucket(slots), label="prompt head rows")
+        self.head_slots = dev.buffer(4 * bucket(slots), label="prompt head slots")
         self.v4 = cdiv(a.vocab_size, 4) * 4                   # logit row stride: whole vec4s for the sampler
         self.max_rows = bucket(slots)
         self.logits = dev.buffer(4 * self.v4 * self.max_rows, label="batch logits")
@@ -175,25 +197,38 @@ class Serving:
         rows = bucket(n) if n > 0 else 0
         return 0 < self.gemm_rows <= rows and (rows > gemm.FEW_TOKENS or self.few_gemms)
 
-    def _build(self, tt: int, state, tiled=True, batch=0) -> Build:
+    def _build(self, tt: int, state, tiled=True, batch=0, paging=None) -> Build:
         return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,
-                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=self._paging(batch > 0),
+                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=paging or self._paging(batch > 0),
                      gemm=self.on_gemms(batch))
 
     def _build_prefill(self):
-        """Prefill always takes the tiled GEMM, whose result for a token does not depend on the other
-        tokens of its chunk: a prompt's K/V are the same however it is split (after a cached prefix,
-        say), so a sequence's tokens do not depend on what ran before it."""
+        """The prompt pass's plans, one for each count of sampled sequences (a bucket; 0: the layers
+        only). A pass always takes the tiled GEMM, whose result for a token does not depend on the other
+        tokens of its pass, and tiles each sequence's queries in attention from its first row, as a
+        pass of it alone would: a prompt's K/V are the same however it is split or joined, so a
+        sequence's tokens do not depend on what ran before it or beside it."""
         net, dev = self.net, self.dev
-        one_row = ops.Paging(self.pages, self.page, self.max_pages, rows=self.prefill_row, seq_pos=self.seq_pos,
-                             hist=self.hist)
-        body = net.body(self._build(PREFILL_TT, self.prefill_state))
-        head = net.head_ops(1)
-        self._one_row = one_row
-        sampler = self._sampler(one_row, 1, False)
-        self.plan_prefill = Plan(dev, body, "serving prefill")
-        self.plan_prefill_sample = Plan(dev, body + head + sampler, "serving prefill+sample")
-        self._prefill_lp = None
+        ragged = ops.Paging(self.pages, self.page, self.max_pages, rows=self.prompt_rows, hist=self.hist,
+                            ragged=self.slots)
+        body = net.body(self._build(PREFILL_TT, self.prefill_state, paging=ragged))
+        self._head_paging = ops.Paging(self.pages, self.page, self.max_pages, rows=self.head_slots,
+                                       seq_pos=self.seq_pos, hist=self.hist)
+        self._passes = {(0, False): Plan(dev, body, "prompt pass")}
+        for rows in BUCKETS[:BUCKETS.index(self.max_rows) + 1]:
+            head = net.head_ops(1, gather=(self.head_rows, rows))
+            self._passes[rows, False] = Plan(dev, body + head + self._sampler(self._head_paging, rows, False),
+                                             f"prompt pass, {rows} sampled")
+
+    def prompt_plan(self, rows: int, logprobs: bool = False) -> Plan:
+        """The prompt pass sampling `rows` sequences (a bucket size, or 0), its sampler writing
+        log-probabilities or not (that one made on first use)."""
+        plan = self._passes.get((rows, logprobs))
+        if plan is None:
+            plan = self._passes[rows, logprobs] = Plan(
+                self.dev, self._with_logprobs(self._passes[rows, False], self._head_paging, rows),
+                f"prompt pass, {rows} sampled +logprobs")
+        return plan
 
     def _sampler(self, paging, rows: int, logprobs: bool) -> list:
         """The sampler of `rows` rows (one dispatch); with `logprobs`, also writing each row's
@@ -247,44 +282,62 @@ class Serving:
         vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed, top_logprobs)
         self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
 
-    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False):
-        """Feed `ids` at positions pos0.. of slot `slot` in chunks of the model's prefill batch, the
-        last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked).
-        Returns the submits it took."""
-        dev = self.dev
-        base = slot * self.hist
-        dev.write(self.tokens, np.asarray(ids, np.uint32), offset=4 * (base + pos0))
-        end, pos, submits = pos0 + len(ids), pos0, 0
-        while pos < end:
-            n = min(end - pos, self.net.batch)
-            last = pos + n == end and sample
-            dev.write(self.prefill_state, np.array([pos, n, base + pos, n - 1 if last else 0, slot, 0, 0, 0],
-                                                   np.uint32))
-            if last:
-                dev.write(self.prefill_row, np.array([slot, 0, 0, 0], np.uint32))
-                dev.write(self.seq_pos, np.array([end - 1], np.uint32), offset=4 * slot)
-            if last and logprobs and self._prefill_lp is None:
-                self._prefill_lp = Plan(dev, self._with_logprobs(self.plan_prefill_sample, self._one_row, 1))
-            plan = (self._prefill_lp if logprobs else self.plan_prefill_sample) if last else self.plan_prefill
-            index = plan.run(n, then=self._first_copy(slot, end, logprobs) if last else None)
-            if last:
-                self._first_at[slot] = (index, logprobs)
-            pos += n
-            submits += 1
-        if not sample:
-            dev.write(self.seq_pos, np.array([end], np.uint32), offset=4 * slot)
-        return submits
+    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False) -> int:
+        """Feed `ids` at positions pos0.. of slot `slot`, a pass of the model's prefill batch at a time,
+        the last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked).
+        Returns the passes it took."""
+        step = self.net.batch
+        for at in range(0, len(ids), step):
+            self.prefill_pass([PromptPart(slot, ids[at:at + step], pos0 + at, sample and at + step >= len(ids),
+                                          logprobs)])
+        return cdiv(len(ids), step)
 
-    def _first_copy(self, slot: int, pos: int, logprobs: bool):
-        """The copy, into slot's own readback buffer, of the token a prompt's last chunk samples at `pos`
-        (and its logprobs row): first_token reads it without waiting for the decode batches queued after."""
-        w, buf, at = self.lp_width, self._first[slot], slot * self.hist + pos
+    def prefill_pass(self, parts: list[PromptPart]):
+        """One prompt pass over `parts` (distinct slots; up to the model's prefill batch of tokens in
+        all), submitted: the tokens' K/V into their slots' pages, and for each part that samples, the
+        token after it (first_token reads it)."""
+        dev, n = self.dev, sum(len(p.ids) for p in parts)
+        if not parts or any(not p.ids for p in parts) or n > self.net.batch or len(parts) > self.slots:
+            raise ValueError(f"a prompt pass of {len(parts)} stretches, {n} tokens: at most {self.slots} non-empty "
+                             f"stretches and {self.net.batch} tokens")
+        table = np.zeros((self.slots, 4), np.uint32)           # unused entries: no rows
+        rows = np.empty((n, 2), np.uint32)
+        heads, t = [], 0
+        for j, p in enumerate(parts):
+            m, end = len(p.ids), p.pos0 + len(p.ids)
+            table[j] = (t, m, p.slot, p.pos0)
+            rows[t:t + m] = np.stack([np.full(m, p.slot), np.arange(p.pos0, end)], axis=1)
+            dev.write(self.tokens, np.asarray(p.ids, np.uint32), offset=4 * (p.slot * self.hist + p.pos0))
+            # the sampler writes the token after seq_pos and moves it there
+            dev.write(self.seq_pos, np.array([end - 1 if p.sample else end], np.uint32), offset=4 * p.slot)
+            if p.sample:
+                heads.append((t + m - 1, p))
+            t += m
+        dev.write(self.prompt_rows, np.concatenate([table.ravel(), rows.ravel()]))
+        dev.write(self.prefill_state, np.array([0, n, 0, 0, 0, 0, 0, 0], np.uint32))
+        sampled = bucket(len(heads)) if heads else 0
+        logprobs = any(p.logprobs for _, p in heads)
+        if heads:
+            pad = sampled - len(heads)
+            dev.write(self.head_rows, np.array([r for r, _ in heads] + [0] * pad, np.uint32))
+            dev.write(self.head_slots, np.array([p.slot for _, p in heads] + [NONE] * pad, np.uint32))
+        index = self.prompt_plan(sampled, logprobs).run(n, then=self._first_copies([p for _, p in heads], logprobs))
+        for _, p in heads:
+            self._first_at[p.slot] = (index, logprobs)
+
+    def _first_copies(self, parts: list[PromptPart], logprobs: bool):
+        """The copies, each into its slot's own readback buffer, of the tokens a prompt pass samples after
+        `parts` (and their logprobs rows): first_token reads them without waiting for the decode batches
+        queued after."""
+        w = self.lp_width
 
         def copy(enc):
-            enc.copy_buffer_to_buffer(self.tokens, 4 * at, buf, 0, 4)
-            if logprobs:
-                enc.copy_buffer_to_buffer(self.lp, 4 * at * w, buf, 4, 4 * w)
-        return copy
+            for p in parts:
+                buf, at = self._first[p.slot], p.slot * self.hist + p.pos0 + len(p.ids)
+                enc.copy_buffer_to_buffer(self.tokens, 4 * at, buf, 0, 4)
+                if logprobs:
+                    enc.copy_buffer_to_buffer(self.lp, 4 * at * w, buf, 4, 4 * w)
+        return copy if parts else None
 
     @property
     def reads_by_submission(self) -> bool:

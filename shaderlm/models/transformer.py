@@ -546,20 +546,23 @@ class Transformer:
                                       ids=self.expert_ids, bias=L.experts_down_bias)]
 
     # ---- plans ---------------------------------------------------------------------------------
-    def head_ops(self, tt: int, decode: bool = False) -> list:
+    def head_ops(self, tt: int, decode: bool = False, gather=None) -> list:
         """Hook: final norm + LM head over batch rows [st.out_row0, st.n). In decode (one token a
         sequence, from row 0) the norm is folded into the LM-head matmul. One row outside a serving
         batch (a prompt's last token): the normed row goes to xn's first and the decode GEMV takes it;
-        a serving step's rows (from row 0) each take the decode GEMV as that token would alone."""
+        a serving step's rows (from row 0) each take the decode GEMV as that token would alone.
+        `gather` (with tt 1): (a buffer of x rows, rows): those rows normed into xn's first, each then
+        a row of the decode GEMV (a prompt pass's sequences' last tokens)."""
         a, b = self.args, self.b
         if decode:
             return self.matmul(self.lm_head, self.x, b.logits, tt=1, y_stride=b.logit_stride, norm=self.out_norm,
                                eps=a.rms_eps)
         norm = ops.rmsnorm(self.dev, self.x, self.out_norm, self.xn, b.state, dim=a.dim, eps=a.rms_eps,
-                           from_state_row=True)
+                           from_state_row=gather is None, gather=gather)
         if tt == 1:
+            rows = gather[1] if gather else b.batch or 1
             return [norm, *ops.matmul(self.dev, self.lm_head, self.xn, b.logits, b.state, tt=1,
-                                      y_stride=b.logit_stride, batch=b.batch or 1, nt_max=self.batch_tokens)]
+                                      y_stride=b.logit_stride, batch=rows, nt_max=self.batch_tokens)]
         return [norm, *self.matmul(self.lm_head, self.xn, b.logits, tt=tt, y_stride=b.logit_stride, from_state_row=True)]
 
     def body(self, build: Build) -> list:
