@@ -6,9 +6,10 @@ pages of an equal prompt prefix). Prompts are prefilled between decode batches, 
 keep flowing: a round's prompt pass takes the next tokens of the waiting prompts, up to a chunk in all
 (many short prompts in one pass, a long one a chunk a round). A prompt done joins the decode batch,
 which advances every running sequence one token a step, several steps a submit, two submits queued
-on the GPU while the next is recorded. Tokens come back per sequence, are checked for the end (end-of-generation token,
-stop string, max_tokens, a cancel) and go out as text events. A sequence that has ended is dropped
-from the next batch; its slot and pages are freed once no batch in flight still computes it.
+on the GPU while the next is recorded. Tokens come back per sequence, are checked for the end
+(end-of-generation token, stop string, max_tokens, a cancel) and go out as text events. A sequence
+that has ended is dropped from the next batch; its slot and pages are freed once no batch in flight
+still computes it.
 """
 from __future__ import annotations
 
@@ -282,7 +283,8 @@ class Engine:
         (several short prompts at once, a long one a chunk a round), then decode batches kept in flight."""
         r = self.runner
         budget, parts, taken = self.chunk, [], []
-        # a prompt being prefilled stays in `prefilling` (done ones at its front), so that a failed step fails it too
+        # a prompt being prefilled stays in `prefilling` (those done at its front), so that a failed step
+        # fails it too
         while len(self.prefilling) > len(taken) and budget > 0:
             seq = self.prefilling[len(taken)]
             if seq.cancelled:

@@ -27,7 +27,7 @@ class Paging:
     rows: object = None         # u32 per batch row: its slot, or 0xFFFFFFFF (a padding row)
     seq_pos: object = None      # u32 per slot: the position of the token it feeds next
     hist: int = 0               # tokens per slot in the token buffer
-    ragged: int = 0
+    ragged: int = 0             # a prompt pass's most sequences (0: not a prompt pass)
 
     def row_defines(self) -> dict:
         return dict(BATCH=self.rows is not None, HIST=self.hist, RAGGED=self.ragged > 0, RSEQS=self.ragged)

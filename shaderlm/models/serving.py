@@ -155,7 +155,8 @@ class Serving:
         GEMVs run, with pages of their own; and each matrix's GEMM tile or shape for a decode batch
         (gemm.batch_tile_key) on the step of the most rows up to its key's gemm.batch_tuning_rows, every
         slot reading the same pages (only the time counts). Timed from position 64 (or mid-context) of slots
-        0..: at start, before any sequence holds pages. Every decode plan is rebuilt if a shape was tuned."""
+        0..: at start, before any sequence holds pages. Every plan is rebuilt if a shape was tuned (the prompt
+        passes' LM head is a batch GEMV too)."""
         on_gemvs = [r for r in BUCKETS[1:] if r <= min(rows, self.max_rows) and not self.on_gemms(r)]
         on_gemms = [r for r in BUCKETS if r <= self.max_rows and self.on_gemms(r)]
         report = []
@@ -174,6 +175,7 @@ class Serving:
                     self.set_pages(s, list(range(min(self.max_pages, self.n_pages))))
                 report += self._tune_step(n, only, cache_dir, force, reps, log)
         if report:
+            self._build_prefill()
             self._build_decode()
         return report
 
