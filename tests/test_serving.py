@@ -103,6 +103,7 @@ def test_prompts_in_one_pass_are_each_alone(synth_gguf, arch, preset, quant, exa
     second = sv.last_logits(2)
     for got, s in ((first[0], 0), (first[1], 2), (second[0], 3), (second[1], 1)):
         assert np.array_equal(got, alone[s]), f"prompt {s}: its first logits differ from its pass alone"
+    assert [sv.first_token(s)[0] for s in range(4)] == [w[0] for w in want]     # each slot's readback
     got = {s: sv.read_tokens(s, len(p), 1) for s, p in enumerate(prompts)}
     pos = {s: len(p) for s, p in enumerate(prompts)}
     while len(got[0]) < N:
