@@ -302,6 +302,10 @@ class Serving:
         if not parts or any(not p.ids for p in parts) or n > self.net.batch or len(parts) > self.slots:
             raise ValueError(f"a prompt pass of {len(parts)} stretches, {n} tokens: at most {self.slots} non-empty "
                              f"stretches and {self.net.batch} tokens")
+        for p in parts:
+            if not 0 <= p.slot < self.slots or p.pos0 < 0 or p.pos0 + len(p.ids) > self.seq_ctx:
+                raise ValueError(f"a prompt pass's stretch at positions {p.pos0}..{p.pos0 + len(p.ids) - 1} of slot "
+                                 f"{p.slot}: slots hold positions 0..{self.seq_ctx - 1}, slots are 0..{self.slots - 1}")
         table = np.zeros((self.slots, 4), np.uint32)           # unused entries: no rows
         rows = np.empty((n, 2), np.uint32)
         heads, t = [], 0
