@@ -20,7 +20,7 @@ class Paging:
     """A paged KV cache (kernels/paged.wgsl): the page table, and for a batched step (`rows` given,
     kernels/batch_rows.wgsl) each row's sequence slot and each slot's position and stretch of the
     token buffer. `ragged`: a prompt pass over up to that many sequences, whose table and rows' slots and
-    positions `rows` holds (batch_rows.wgsl's RAGGED; seq_pos is not read)."""
+    positions `rows` holds (batch_rows.wgsl's RAGGED: seq_pos is not read, so not given)."""
     pages: object               # u32 per (slot, page index): pool page ids
     page: int                   # positions a page holds
     max_pages: int              # table entries per slot
@@ -38,8 +38,7 @@ class Paging:
     def bindings(self, res: list) -> list:
         """`res` padded to bindings 0..12 with, batched, rows (10) and seq_pos (11), and pages (12)."""
         batched = self.rows is not None
-        return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched and not self.ragged else None,
-                                                 self.pages]
+        return res + [None] * (10 - len(res)) + [self.rows, self.seq_pos if batched else None, self.pages]
 
 
 def int8_gemm(w, *, tt: int, tiled: bool, int8: bool) -> bool:
@@ -161,7 +160,7 @@ def embed(dev, w, tokens, x, st, *, scale: float = 1.0, paging: Paging | None = 
         res = [dev.uniform(w.cols, c.row0, c.rows, c.dbase, float(scale), 0, 0, 0), st, tokens, c.buffer, x]
         if batched:
             pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel, **paging.row_defines())
-            res += [None] * 5 + [paging.rows, None if paging.ragged else paging.seq_pos]
+            res += [None] * 5 + [paging.rows, paging.seq_pos]
         else:
             pipe = pipeline(dev, "embed", QUANT=w.qtype.kernel)
         out.append(Dispatch(pipe, dev.bind_group(pipe, res), lambda n: (n, 1), label="embed"))

@@ -113,13 +113,13 @@ class Serving:
         self.tokens = dev.buffer(4 * slots * self.hist, label="slot tokens")
         self.params = dev.buffer(32 * slots, label="slot sampling")
         self.rows = dev.buffer(4 * BUCKETS[-1], label="batch rows")
+        self.v4 = cdiv(a.vocab_size, 4) * 4                   # logit row stride: whole vec4s for the sampler
+        self.max_rows = bucket(slots)
         # a prompt pass's sequences (first row, rows, slot, first position) and its rows' (slot, position)
         self.prompt_rows = dev.buffer(4 * (4 * slots + 2 * net.batch), label="prompt pass rows")
         # the pass's sampled sequences: the rows of their last tokens, and their slots (the sampler's rows)
-        self.head_rows = dev.buffer(4 * bucket(slots), label="prompt head rows")
-        self.head_slots = dev.buffer(4 * bucket(slots), label="prompt head slots")
-        self.v4 = cdiv(a.vocab_size, 4) * 4                   # logit row stride: whole vec4s for the sampler
-        self.max_rows = bucket(slots)
+        self.head_rows = dev.buffer(4 * self.max_rows, label="prompt head rows")
+        self.head_slots = dev.buffer(4 * self.max_rows, label="prompt head slots")
         self.logits = dev.buffer(4 * self.v4 * self.max_rows, label="batch logits")
         self.prefill_state = dev.buffer(32, STORAGE, "prefill state")
         self.max_top_logprobs = ops.TOPN                       # most likely tokens a logprobs row holds
@@ -190,9 +190,11 @@ class Serving:
                          log=log, reset=reset, max_repeat=max(1, min(64, self.seq_ctx - 1 - pos0)), n=rows, only=only)
 
     # ---- plans -------------------------------------------------------------------------------
-    def _paging(self, batched: bool) -> ops.Paging:
-        return ops.Paging(self.pages, self.page, self.max_pages, rows=self.rows if batched else None,
-                          seq_pos=self.seq_pos, hist=self.hist)
+    def _paging(self, rows, ragged: int = 0) -> ops.Paging:
+        """The paged cache with `rows` (a buffer of batch rows' slots, or a prompt pass's rows with
+        `ragged`, which read no slot positions)."""
+        return ops.Paging(self.pages, self.page, self.max_pages, rows=rows, seq_pos=None if ragged else self.seq_pos,
+                          hist=self.hist, ragged=ragged)
 
     def on_gemms(self, n: int) -> bool:
         """Whether a decode step of n sequences (run at bucket(n) rows) runs the int8 batch matmuls."""
@@ -201,7 +203,7 @@ class Serving:
 
     def _build(self, tt: int, state, tiled=True, batch=0, paging=None) -> Build:
         return Build(tt, state=state, tokens=self.tokens, k=self.k, v=self.v, logits=self.logits,
-                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=paging or self._paging(batch > 0),
+                     logit_stride=self.v4, tiled=tiled, batch=batch, paging=paging or self._paging(self.rows),
                      gemm=self.on_gemms(batch))
 
     def _build_prefill(self):
@@ -211,11 +213,8 @@ class Serving:
         pass of it alone would: a prompt's K/V are the same however it is split or joined, so a
         sequence's tokens do not depend on what ran before it or beside it."""
         net, dev = self.net, self.dev
-        ragged = ops.Paging(self.pages, self.page, self.max_pages, rows=self.prompt_rows, hist=self.hist,
-                            ragged=self.slots)
-        body = net.body(self._build(PREFILL_TT, self.prefill_state, paging=ragged))
-        self._head_paging = ops.Paging(self.pages, self.page, self.max_pages, rows=self.head_slots,
-                                       seq_pos=self.seq_pos, hist=self.hist)
+        body = net.body(self._build(PREFILL_TT, self.prefill_state, paging=self._paging(self.prompt_rows, self.slots)))
+        self._head_paging = self._paging(self.head_slots)
         self._passes = {(0, False): Plan(dev, body, "prompt pass")}
         for rows in BUCKETS[:BUCKETS.index(self.max_rows) + 1]:
             head = net.head_ops(1, gather=(self.head_rows, rows))
@@ -251,12 +250,12 @@ class Serving:
         plan = self._decode.get((rows, logprobs))
         if plan is None:
             if logprobs:                                         # the plain step with the logprobs sampler
-                dispatches = self._with_logprobs(self.decode_plan(rows), self._paging(True), rows)
+                dispatches = self._with_logprobs(self.decode_plan(rows), self._paging(self.rows), rows)
             else:
                 net, dev = self.net, self.dev
                 state = self._states[rows] = dev.upload(np.array([0, rows, 0, 0, 0, 0, 0, 0], np.uint32), STORAGE,
                                                         f"batch state {rows}")
-                sampler = self._sampler(self._paging(True), rows, False)
+                sampler = self._sampler(self._paging(self.rows), rows, False)
                 build = self._build(1, state, batch=rows)
                 body = net.body(build)
                 head = net.head_ops(rows) if build.gemm else net.head_ops(1, decode=net.fuse)
@@ -312,7 +311,7 @@ class Serving:
         for j, p in enumerate(parts):
             m, end = len(p.ids), p.pos0 + len(p.ids)
             table[j] = (t, m, p.slot, p.pos0)
-            rows[t:t + m] = np.stack([np.full(m, p.slot), np.arange(p.pos0, end)], axis=1)
+            rows[t:t + m, 0], rows[t:t + m, 1] = p.slot, np.arange(p.pos0, end)
             dev.write(self.tokens, np.asarray(p.ids, np.uint32), offset=4 * (p.slot * self.hist + p.pos0))
             # the sampler writes the token after seq_pos and moves it there
             dev.write(self.seq_pos, np.array([end - 1 if p.sample else end], np.uint32), offset=4 * p.slot)
