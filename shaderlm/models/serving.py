@@ -283,15 +283,13 @@ class Serving:
         vals = ops.sample_params(self.net.args.vocab_size, temperature, top_k, top_p, seed, top_logprobs)
         self.dev.write(self.params, pack_params(*vals), offset=32 * slot)
 
-    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False) -> int:
+    def prefill(self, slot: int, ids: list[int], pos0: int, sample: bool, logprobs: bool = False):
         """Feed `ids` at positions pos0.. of slot `slot`, a pass of the model's prefill batch at a time,
-        the last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked).
-        Returns the passes it took."""
+        the last sampling the token at pos0 + len(ids) where `sample` (and its logprobs, where asked)."""
         step = self.net.batch
         for at in range(0, len(ids), step):
             self.prefill_pass([PromptPart(slot, ids[at:at + step], pos0 + at, sample and at + step >= len(ids),
                                           logprobs)])
-        return cdiv(len(ids), step)
 
     def prefill_pass(self, parts: list[PromptPart]):
         """One prompt pass over `parts` (distinct slots; up to the model's prefill batch of tokens in
