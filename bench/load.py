@@ -72,7 +72,7 @@ async def drive(args, ids, concurrency: int, start=None):
                             finish=f"{type(e).__name__}: {e}")
 
     if start is not None:
-        start.wait()
+        await asyncio.to_thread(start.wait)     # off the event loop: the client's connections stay served
     t0 = time.time()
     results = await asyncio.gather(*[bounded(i) for i in ids])
     return model, t0, time.time(), results

@@ -117,14 +117,15 @@ def test_prompts_in_one_pass_are_each_alone(synth_gguf, arch, preset, quant, exa
 
 
 def test_prompt_pass_refuses_what_it_cannot_hold(synth_gguf):
-    """A pass over more tokens than the prefill batch, more stretches than slots, an empty stretch, or one
-    outside the slots or their positions is refused with the reason, before anything is written."""
+    """A pass over more tokens than the prefill batch, more stretches than slots, an empty stretch, two of one
+    slot, or one outside the slots or their positions is refused with the reason, before anything is written."""
     from shaderlm.models.serving import PromptPart
     m = shaderlm.load(synth_gguf(seed=3, preset="tiny-k", arch="llama", quant="Q4_K_M"), progress=False, ctx=256)
     sv = Serving(m.net, slots=2, seq_ctx=128)
     ids = random_ids(m.config.vocab_size, m.net.batch + 1, 1)
     for parts in ([PromptPart(0, ids, 0, True)], [PromptPart(0, [1], 0), PromptPart(1, [1], 0), PromptPart(0, [1], 1)],
-                  [PromptPart(0, [], 0, True)], [PromptPart(2, [1], 0, True)], [PromptPart(1, [1, 2], 127)]):
+                  [PromptPart(0, [], 0, True)], [PromptPart(1, [1], 0), PromptPart(1, [2], 1, True)],
+                  [PromptPart(2, [1], 0, True)], [PromptPart(1, [1, 2], 127)]):
         with pytest.raises(ValueError, match="prompt pass"):
             sv.prefill_pass(parts)
 

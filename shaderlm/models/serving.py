@@ -299,6 +299,8 @@ class Serving:
         if not parts or any(not p.ids for p in parts) or n > self.net.batch or len(parts) > self.slots:
             raise ValueError(f"a prompt pass of {len(parts)} stretches, {n} tokens: at most {self.slots} non-empty "
                              f"stretches and {self.net.batch} tokens")
+        if len({p.slot for p in parts}) != len(parts):
+            raise ValueError(f"a prompt pass takes a slot once, not slots {[p.slot for p in parts]}")
         for p in parts:
             if not 0 <= p.slot < self.slots or p.pos0 < 0 or p.pos0 + len(p.ids) > self.seq_ctx:
                 raise ValueError(f"a prompt pass's stretch at positions {p.pos0}..{p.pos0 + len(p.ids) - 1} of slot "
