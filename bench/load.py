@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import multiprocessing as mp
+import queue
 import statistics
+import sys
 import time
 
 
@@ -93,7 +95,18 @@ def main(args) -> int:
                  for j in range(args.procs)]
         for pr in procs:
             pr.start()
-        shares = [out.get() for _ in procs]
+        shares = []
+        while len(shares) < len(procs):
+            try:
+                shares.append(out.get(timeout=1.0))
+            except queue.Empty:
+                failed = [pr.exitcode for pr in procs if pr.exitcode not in (None, 0)]
+                if failed:      # a client process died (its traceback above): the others would wait forever
+                    start.abort()
+                    for pr in procs:
+                        pr.terminate()
+                    print(f"a client process exited with code {failed[0]} before reporting", file=sys.stderr)
+                    return 2
         for pr in procs:
             pr.join()
         model, t0, t1 = shares[0][0], min(s[1] for s in shares), max(s[2] for s in shares)

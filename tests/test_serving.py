@@ -722,6 +722,18 @@ def test_load_script(engine, procs):
     _settled(engine)
 
 
+def test_load_script_fails_fast_when_a_client_process_dies(free_tcp_port):
+    """bench/load.py with client processes that cannot reach a server: each dies before the start barrier,
+    and the script says so and exits, instead of the others waiting at the barrier for ever."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
+    r = subprocess.run([sys.executable, str(script), "--url", f"http://127.0.0.1:{free_tcp_port}", "-c", "2",
+                        "--requests", "2", "--procs", "2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "a client process exited with code 1 before reporting" in r.stderr, r.stderr
+
+
 def test_real_model_chat_equals_run(smollm2_path, capsys):
     """The real SmolLM2 through the server: a greedy chat reply is what `shaderlm run --temp 0` prints."""
     from openai import OpenAI
