@@ -701,18 +701,22 @@ def test_many_clients_cancels_and_bad_requests(engine):
     _settled(engine)
 
 
+def run_load_script(*args):
+    """bench/load.py run with `args` in a process of its own: the finished process (its output as text)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
+    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.parametrize("procs", [1, 2])
 def test_load_script(engine, procs):
     """bench/load.py against a live server: every completion checked, each token of each stream
     timed (with --logprobs, as many as usage counts), and the slowest stream's longest wait placed
     within it; also with the streams shared by two client processes."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
     with running_server(engine) as url:
-        r = subprocess.run([sys.executable, str(script), "--url", url, "-c", "6", "--requests", "8", "-n", "10",
-                            "--logprobs", "--procs", str(procs)], capture_output=True, text=True, timeout=300)
+        r = run_load_script("--url", url, "-c", "6", "--requests", "8", "-n", "10", "--logprobs", "--procs", str(procs))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "completed 8, failed 0" in r.stdout and "TTFT ms (8 requests" in r.stdout, r.stdout
     rate = float(r.stdout.split("decode tok/s a stream: p50 ")[1].split()[0])
@@ -725,12 +729,7 @@ def test_load_script(engine, procs):
 def test_load_script_fails_fast_when_a_client_process_dies(free_tcp_port):
     """bench/load.py with client processes that cannot reach a server: each dies before the start barrier,
     and the script says so and exits, instead of the others waiting at the barrier for ever."""
-    import subprocess
-    import sys
-    from pathlib import Path
-    script = Path(__file__).resolve().parent.parent / "bench" / "load.py"
-    r = subprocess.run([sys.executable, str(script), "--url", f"http://127.0.0.1:{free_tcp_port}", "-c", "2",
-                        "--requests", "2", "--procs", "2"], capture_output=True, text=True, timeout=120)
+    r = run_load_script("--url", f"http://127.0.0.1:{free_tcp_port}", "-c", "2", "--requests", "2", "--procs", "2")
     assert r.returncode == 2 and "a client process exited with code 1 before reporting" in r.stderr, r.stderr
 
 
