@@ -296,9 +296,10 @@ class Serving:
         all), submitted: the tokens' K/V into their slots' pages, and for each part that samples, the
         token after it (first_token reads it)."""
         dev, n = self.dev, sum(len(p.ids) for p in parts)
-        if not parts or any(not p.ids for p in parts) or n > self.net.batch or len(parts) > self.slots:
-            raise ValueError(f"a prompt pass of {len(parts)} stretches, {n} tokens: at most {self.slots} non-empty "
-                             f"stretches and {self.net.batch} tokens")
+        if not parts or any(not p.ids for p in parts) or n > self.net.batch:
+            raise ValueError(f"a prompt pass of {len(parts)} stretches, {n} tokens: one or more non-empty stretches "
+                             f"and at most {self.net.batch} tokens")
+        # distinct slots, each below self.slots (next), so no more stretches than the table's slots
         if len({p.slot for p in parts}) != len(parts):
             raise ValueError(f"a prompt pass takes a slot once, not slots {[p.slot for p in parts]}")
         for p in parts:
